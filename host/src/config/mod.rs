@@ -1,0 +1,429 @@
+//! Loading the YAML config: read, interpolate `${VAR}`, parse strictly, validate into runtime types.
+//!
+//! Every error names the file; parse errors also give the line and the key path
+//! (`models[0].route[1]: unknown field ...`), validation errors the model id and key.
+
+mod endpoint_id;
+mod interpolate;
+pub mod raw;
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use endpoint_id::endpoint_id;
+pub use raw::ProviderKind;
+
+/// A config that could not be loaded. The message always names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{file}: cannot read config: {source}")]
+    Read {
+        file: PathBuf,
+        source: std::io::Error,
+    },
+    /// `${VAR}` named a variable that is not set and has no default.
+    #[error(
+        "{file}:{line}: environment variable {var} is not set (write ${{{var}:-}} to make it optional)"
+    )]
+    MissingVariable {
+        file: PathBuf,
+        line: usize,
+        var: String,
+    },
+    /// The YAML is malformed or does not match the schema (unknown key, wrong type).
+    #[error("{file}{location}: {path}{message}")]
+    Parse {
+        file: PathBuf,
+        location: String,
+        path: String,
+        message: String,
+    },
+    /// The YAML parsed but a value is not acceptable.
+    #[error("{file}: {path}: {message}")]
+    Invalid {
+        file: PathBuf,
+        path: String,
+        message: String,
+    },
+}
+
+/// The validated, runtime form of the config.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file this config came from; relative paths inside it resolve against its folder.
+    pub source: PathBuf,
+    pub server: ServerConfig,
+    pub database_url: String,
+    pub strategies: StrategiesConfig,
+    pub routing: RoutingConfig,
+    pub upstream: UpstreamConfig,
+    pub models: Vec<ModelConfig>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub listen: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct StrategiesConfig {
+    pub dir: Option<PathBuf>,
+    pub builtin_dir: Option<PathBuf>,
+    pub call_timeout: Duration,
+    pub memory_limit_bytes: usize,
+    pub tick_interval: Option<Duration>,
+}
+
+#[derive(Debug, Clone)]
+pub struct RoutingConfig {
+    pub default_router: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct UpstreamConfig {
+    pub connect_timeout: Duration,
+    pub first_byte_timeout: Duration,
+    pub request_timeout: Duration,
+}
+
+/// One public model and its routes, in declared order.
+#[derive(Debug, Clone)]
+pub struct ModelConfig {
+    pub id: String,
+    pub aliases: Vec<String>,
+    pub router: String,
+    pub router_params: serde_json::Value,
+    pub published: bool,
+    pub routes: Vec<RouteConfig>,
+}
+
+/// One upstream a model can be served by.
+#[derive(Debug, Clone)]
+pub struct RouteConfig {
+    /// Position in the model's `route:` list.
+    pub index: u32,
+    /// `{model_id}:{location}`: the key of health, latency profiles and logs.
+    pub endpoint_id: String,
+    pub kind: ProviderKind,
+    /// Without a trailing slash; paths such as `/chat/completions` are appended.
+    pub base_url: String,
+    pub provider_model_id: String,
+    pub api_key: Option<String>,
+    pub weight: f64,
+    pub priority: i32,
+    pub input_modalities: Vec<String>,
+    pub pricing: Option<raw::RawPricing>,
+    pub local_deployment: bool,
+    pub metadata: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Config {
+    /// Reads and validates `path`, interpolating `${VAR}` from the process environment.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            file: path.to_owned(),
+            source,
+        })?;
+        Self::from_yaml(path, &text, &|name| std::env::var(name).ok())
+    }
+
+    /// Parses `text` as if it were the file `path`; `env` looks up interpolated variables.
+    pub fn from_yaml(
+        path: &Path,
+        text: &str,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        let text = interpolate::interpolate(text, env).map_err(|missing| {
+            ConfigError::MissingVariable {
+                file: path.to_owned(),
+                line: missing.line,
+                var: missing.var,
+            }
+        })?;
+        let raw = parse(path, &text)?;
+        validate(path, raw)
+    }
+
+    /// Resolves a path written in the config relative to the config file's folder.
+    pub fn resolve_path(&self, p: &Path) -> PathBuf {
+        if p.is_absolute() {
+            p.to_owned()
+        } else {
+            self.source
+                .parent()
+                .unwrap_or_else(|| Path::new("."))
+                .join(p)
+        }
+    }
+}
+
+fn parse(path: &Path, text: &str) -> Result<raw::RawConfig, ConfigError> {
+    // An empty file is a valid (if useless) config.
+    let text = if text.trim().is_empty() { "{}" } else { text };
+    let deserializer = serde_norway::Deserializer::from_str(text);
+    serde_path_to_error::deserialize(deserializer).map_err(|err| {
+        let key_path = err.path().to_string();
+        let inner = err.into_inner();
+        let location = inner
+            .location()
+            .map(|l| format!(":{}:{}", l.line(), l.column()))
+            .unwrap_or_default();
+        // serde_norway appends " at line X column Y"; the location already says it.
+        let mut message = inner.to_string();
+        if let Some(cut) = message.find(" at line ") {
+            message.truncate(cut);
+        }
+        ConfigError::Parse {
+            file: path.to_owned(),
+            location,
+            path: if key_path == "." || key_path.is_empty() {
+                String::new()
+            } else {
+                format!("{key_path}: ")
+            },
+            message,
+        }
+    })
+}
+
+fn validate(path: &Path, raw: raw::RawConfig) -> Result<Config, ConfigError> {
+    let invalid = |key: String, message: String| ConfigError::Invalid {
+        file: path.to_owned(),
+        path: key,
+        message,
+    };
+
+    let default_router = raw.routing.default_router.trim().to_owned();
+    if default_router.is_empty() {
+        return Err(invalid(
+            "routing.default_router".into(),
+            "must name a strategy".into(),
+        ));
+    }
+
+    let mut names: HashSet<String> = HashSet::new();
+    let mut models = Vec::with_capacity(raw.models.len());
+    for (mi, m) in raw.models.into_iter().enumerate() {
+        let at = |key: &str| format!("models[{mi}] ({}).{key}", m.id);
+        if m.id.trim().is_empty() {
+            return Err(invalid(
+                format!("models[{mi}].id"),
+                "must not be empty".into(),
+            ));
+        }
+        for name in std::iter::once(&m.id).chain(m.aliases.iter()) {
+            if !names.insert(name.clone()) {
+                return Err(invalid(
+                    at(if name == &m.id { "id" } else { "aliases" }),
+                    format!("`{name}` is already used by another model or alias"),
+                ));
+            }
+        }
+        let router_params = match m.router_params {
+            None | Some(serde_json::Value::Null) => serde_json::Value::Object(Default::default()),
+            Some(v @ serde_json::Value::Object(_)) => v,
+            Some(_) => {
+                return Err(invalid(
+                    at("router_params"),
+                    "must be a mapping of parameter names to values".into(),
+                ));
+            }
+        };
+
+        let mut seen_ids: BTreeMap<String, usize> = BTreeMap::new();
+        let mut routes = Vec::with_capacity(m.route.len());
+        for (ri, r) in m.route.into_iter().enumerate() {
+            let rat = |key: &str| format!("models[{mi}] ({}).route[{ri}].{key}", m.id);
+            if !r.weight.is_finite() || r.weight < 0.0 {
+                return Err(invalid(
+                    rat("weight"),
+                    format!("must be a finite number >= 0, got {}", r.weight),
+                ));
+            }
+            let url = url::Url::parse(r.base_url.trim())
+                .map_err(|e| invalid(rat("base_url"), format!("`{}`: {e}", r.base_url)))?;
+            if url.scheme() != "http" && url.scheme() != "https" {
+                return Err(invalid(
+                    rat("base_url"),
+                    format!("`{}`: only http and https are supported", r.base_url),
+                ));
+            }
+            if let Some(p) = &r.pricing {
+                for (name, v) in [
+                    ("prompt", p.prompt),
+                    ("completion", p.completion),
+                    ("input_cache_reads", p.input_cache_reads),
+                    ("input_cache_writes", p.input_cache_writes),
+                ] {
+                    if !v.is_finite() || v < 0.0 {
+                        return Err(invalid(
+                            rat(&format!("pricing.{name}")),
+                            format!("must be a finite price >= 0, got {v}"),
+                        ));
+                    }
+                }
+            }
+            let base_id = endpoint_id(&m.id, r.kind, &url);
+            // Two routes of one model at the same location would share health and latency state;
+            // the later ones get a numeric suffix so each route keeps its own.
+            let n = seen_ids.entry(base_id.clone()).or_insert(0);
+            *n += 1;
+            let endpoint_id = if *n == 1 {
+                base_id
+            } else {
+                format!("{base_id}-{n}")
+            };
+            let is_loopback = endpoint_id::is_loopback(&url);
+            routes.push(RouteConfig {
+                index: ri as u32,
+                endpoint_id,
+                kind: r.kind,
+                base_url: r.base_url.trim().trim_end_matches('/').to_owned(),
+                provider_model_id: r.provider_model_id.unwrap_or_else(|| m.id.clone()),
+                api_key: r.api_key.filter(|k| !k.is_empty()),
+                weight: r.weight,
+                priority: r.priority,
+                input_modalities: r.input_modalities.unwrap_or_else(|| vec!["text".into()]),
+                pricing: r.pricing,
+                local_deployment: r.local_deployment.unwrap_or(is_loopback),
+                metadata: r.metadata.unwrap_or_default(),
+            });
+        }
+
+        models.push(ModelConfig {
+            router: m
+                .router
+                .map(|r| r.trim().to_owned())
+                .unwrap_or_else(|| default_router.clone()),
+            id: m.id,
+            aliases: m.aliases,
+            router_params,
+            published: m.published,
+            routes,
+        });
+    }
+
+    let s = raw.strategies;
+    let u = raw.upstream;
+    Ok(Config {
+        source: path.to_owned(),
+        server: ServerConfig {
+            listen: raw.server.listen,
+        },
+        database_url: raw.database.url,
+        strategies: StrategiesConfig {
+            dir: s.dir,
+            builtin_dir: s.builtin_dir,
+            call_timeout: Duration::from_millis(s.call_timeout_ms.unwrap_or(5).max(1)),
+            memory_limit_bytes: (s.memory_limit_mib.unwrap_or(64).max(1) as usize) << 20,
+            tick_interval: match s.tick_interval_ms.unwrap_or(1000) {
+                0 => None,
+                ms => Some(Duration::from_millis(ms)),
+            },
+        },
+        routing: RoutingConfig { default_router },
+        upstream: UpstreamConfig {
+            connect_timeout: Duration::from_millis(u.connect_timeout_ms.unwrap_or(2000)),
+            first_byte_timeout: Duration::from_secs(u.first_byte_timeout_seconds.unwrap_or(300)),
+            request_timeout: Duration::from_secs(u.request_timeout_seconds.unwrap_or(600)),
+        },
+        models,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(text: &str) -> Result<Config, ConfigError> {
+        Config::from_yaml(Path::new("test.yaml"), text, &|_| None)
+    }
+
+    #[test]
+    fn unknown_key_names_file_line_and_path() {
+        let err = load(
+            "models:\n  - id: m\n    route:\n      - kind: openai_compat\n        base_url: http://127.0.0.1:9001/v1\n        wieght: 2\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.starts_with("test.yaml:6:"), "{err}");
+        assert!(
+            err.contains("models[0].route[0]: unknown field `wieght`"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn bad_weight_names_model_and_key() {
+        let err = load(
+            "models:\n  - id: m\n    route:\n      - kind: openai_compat\n        base_url: http://127.0.0.1:9001/v1\n        weight: -1\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            err,
+            "test.yaml: models[0] (m).route[0].weight: must be a finite number >= 0, got -1"
+        );
+    }
+
+    #[test]
+    fn duplicate_alias_is_rejected() {
+        let err = load("models:\n  - id: a\n    aliases: [x]\n  - id: b\n    aliases: [x]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("models[1] (b).aliases"), "{err}");
+    }
+
+    #[test]
+    fn defaults_fill_in() {
+        let c = load(
+            "models:\n  - id: m\n    route:\n      - kind: openai_compat\n        base_url: http://127.0.0.1:9001/v1/\n",
+        )
+        .unwrap();
+        assert_eq!(c.models[0].router, "fixed");
+        let r = &c.models[0].routes[0];
+        assert_eq!(r.endpoint_id, "m:local-9001");
+        assert_eq!(r.base_url, "http://127.0.0.1:9001/v1");
+        assert_eq!(r.provider_model_id, "m");
+        assert_eq!(r.weight, 1.0);
+        assert!(r.local_deployment);
+        assert_eq!(r.input_modalities, vec!["text"]);
+    }
+
+    #[test]
+    fn duplicate_locations_get_distinct_endpoint_ids() {
+        let c = load(
+            "models:\n  - id: m\n    route:\n      - kind: anthropic\n        base_url: https://api.anthropic.com\n      - kind: anthropic\n        base_url: https://api.anthropic.com\n",
+        )
+        .unwrap();
+        let ids: Vec<_> = c.models[0]
+            .routes
+            .iter()
+            .map(|r| r.endpoint_id.as_str())
+            .collect();
+        assert_eq!(ids, ["m:anthropic-api", "m:anthropic-api-2"]);
+    }
+
+    #[test]
+    fn every_example_config_parses() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config");
+        let mut seen = 0;
+        let mut stack = vec![root];
+        while let Some(dir) = stack.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let p = entry.unwrap().path();
+                if p.is_dir() {
+                    stack.push(p);
+                } else if p.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+                    let text = std::fs::read_to_string(&p).unwrap();
+                    Config::from_yaml(&p, &text, &|_| None)
+                        .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+                    seen += 1;
+                }
+            }
+        }
+        assert!(seen >= 1, "no example configs found");
+    }
+}

@@ -1,0 +1,181 @@
+//! The config file as written: strict serde structs, one per YAML section.
+//!
+//! Every struct rejects unknown keys so a typo fails at startup instead of silently becoming a default.
+//! Validation that needs more than one field (duplicate ids, URLs, weights) happens in [`super::load`].
+
+use serde::Deserialize;
+use std::path::PathBuf;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    #[serde(default)]
+    pub server: RawServer,
+    #[serde(default)]
+    pub database: RawDatabase,
+    #[serde(default)]
+    pub strategies: RawStrategies,
+    #[serde(default)]
+    pub routing: RawRouting,
+    #[serde(default)]
+    pub upstream: RawUpstream,
+    #[serde(default)]
+    pub models: Vec<RawModel>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawServer {
+    #[serde(default = "default_listen")]
+    pub listen: String,
+}
+
+impl Default for RawServer {
+    fn default() -> Self {
+        Self {
+            listen: default_listen(),
+        }
+    }
+}
+
+fn default_listen() -> String {
+    "127.0.0.1:8080".to_owned()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDatabase {
+    #[serde(default = "default_database_url")]
+    pub url: String,
+}
+
+impl Default for RawDatabase {
+    fn default() -> Self {
+        Self {
+            url: default_database_url(),
+        }
+    }
+}
+
+fn default_database_url() -> String {
+    "sqlite://switchyard.db".to_owned()
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawStrategies {
+    /// Extra folder scanned for `*.wasm` strategies, relative to the config file.
+    pub dir: Option<PathBuf>,
+    /// Folder of the built-in strategies; defaults to the build output beside the binary.
+    pub builtin_dir: Option<PathBuf>,
+    /// Deadline of one strategy call.
+    pub call_timeout_ms: Option<u64>,
+    /// Linear-memory cap of one strategy instance.
+    pub memory_limit_mib: Option<u64>,
+    /// Interval of the `tick` call; 0 disables it.
+    pub tick_interval_ms: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRouting {
+    #[serde(default = "default_router")]
+    pub default_router: String,
+}
+
+impl Default for RawRouting {
+    fn default() -> Self {
+        Self {
+            default_router: default_router(),
+        }
+    }
+}
+
+fn default_router() -> String {
+    "fixed".to_owned()
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUpstream {
+    /// TCP connect timeout to an upstream.
+    pub connect_timeout_ms: Option<u64>,
+    /// Time allowed until the upstream's response headers arrive.
+    pub first_byte_timeout_seconds: Option<u64>,
+    /// Time allowed for a whole non-streaming answer.
+    pub request_timeout_seconds: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawModel {
+    pub id: String,
+    #[serde(default)]
+    pub aliases: Vec<String>,
+    /// Strategy name; `routing.default_router` when absent.
+    pub router: Option<String>,
+    #[serde(default)]
+    pub router_params: Option<serde_json::Value>,
+    /// Unpublished models keep their router but are not served or listed.
+    #[serde(default = "yes")]
+    pub published: bool,
+    #[serde(default)]
+    pub route: Vec<RawRoute>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProviderKind {
+    OpenaiCompat,
+    OpenaiResponses,
+    Anthropic,
+}
+
+impl ProviderKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderKind::OpenaiCompat => "openai_compat",
+            ProviderKind::OpenaiResponses => "openai_responses",
+            ProviderKind::Anthropic => "anthropic",
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRoute {
+    pub kind: ProviderKind,
+    #[serde(default = "default_weight")]
+    pub weight: f64,
+    pub base_url: String,
+    /// The model name the upstream knows; the public model id when absent.
+    pub provider_model_id: Option<String>,
+    pub api_key: Option<String>,
+    #[serde(default)]
+    pub priority: i32,
+    pub input_modalities: Option<Vec<String>>,
+    pub pricing: Option<RawPricing>,
+    /// Marks a non-loopback deployment as local for deployment-level weight policies.
+    pub local_deployment: Option<bool>,
+    /// Free-form resource metadata handed to strategies as JSON.
+    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+fn default_weight() -> f64 {
+    1.0
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPricing {
+    pub prompt: f64,
+    pub completion: f64,
+    #[serde(default)]
+    pub input_cache_reads: f64,
+    #[serde(default)]
+    pub input_cache_writes: f64,
+}

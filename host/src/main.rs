@@ -1,0 +1,326 @@
+//! The `switchyard` binary: CLI parsing and process setup. Errors become `anyhow` only here.
+#![forbid(unsafe_code)]
+// This is the CLI: printing results to stdout is its job.
+#![allow(clippy::print_stdout)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand};
+
+use switchyard::config::Config;
+use switchyard::gateway::{Gateway, Routing, builtin_strategies_dir};
+use switchyard::mock::{self, MockOptions};
+use switchyard::store::Store;
+use switchyard::strategy::{
+    CatalogEntry, StrategyCatalog, StrategyEngine, StrategyLimits, catalog, contract,
+};
+
+#[derive(Parser)]
+#[command(
+    name = "switchyard",
+    version,
+    about = "LLM inference gateway with WebAssembly routing strategies"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Args)]
+struct ConfigArg {
+    /// The config file.
+    #[arg(
+        short,
+        long,
+        env = "SWITCHYARD_CONFIG",
+        default_value = "config/switchyard.yaml"
+    )]
+    config: PathBuf,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the gateway.
+    Serve {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// Listen address, overriding `server.listen` (port 0 picks a free port).
+        #[arg(long)]
+        listen: Option<String>,
+    },
+    /// Validate the config and strategies; print each model's router and routes.
+    Check {
+        #[command(flatten)]
+        config: ConfigArg,
+    },
+    /// Apply database migrations and exit.
+    Migrate {
+        #[command(flatten)]
+        config: ConfigArg,
+    },
+    /// Inspect and test strategy components.
+    Strategies {
+        #[command(subcommand)]
+        command: StrategiesCommand,
+    },
+    /// Run a simulated OpenAI-compatible upstream.
+    MockUpstream {
+        /// Port to listen on; 0 picks a free one (printed on the first line).
+        #[arg(long, default_value_t = 9001)]
+        port: u16,
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        /// Milliseconds before the first token.
+        #[arg(long, default_value_t = 0)]
+        ttft_ms: u64,
+        /// Token rate of the answer; 0 sends as fast as possible.
+        #[arg(long, default_value_t = 0.0)]
+        tokens_per_s: f64,
+        /// Fraction of requests answered with HTTP 500.
+        #[arg(long, default_value_t = 0.0)]
+        fail_rate: f64,
+        /// Model name the upstream reports.
+        #[arg(long, default_value = "sim")]
+        model: String,
+        /// Tokens per answer (capped by the request's max_tokens).
+        #[arg(long, default_value_t = 16)]
+        completion_tokens: u32,
+    },
+}
+
+#[derive(Subcommand)]
+enum StrategiesCommand {
+    /// List every strategy the config can use, loaded or missing.
+    List {
+        #[command(flatten)]
+        config: ConfigArg,
+    },
+    /// Print a strategy's `router_params` JSON Schema.
+    Schema {
+        name: String,
+        #[command(flatten)]
+        config: ConfigArg,
+    },
+    /// Run the router contract suite against a strategy component.
+    Test {
+        file: PathBuf,
+        /// Router params as JSON (default `{}`).
+        #[arg(long, default_value = "{}")]
+        params: String,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    match cli.command {
+        Command::Serve { config, listen } => runtime.block_on(serve(&config.config, listen)),
+        Command::Check { config } => runtime.block_on(check(&config.config)),
+        Command::Migrate { config } => runtime.block_on(async {
+            let config = load_config(&config.config)?;
+            let store = Store::open(&config.database_url).await?;
+            println!("{} database is up to date", store.backend());
+            Ok(())
+        }),
+        Command::Strategies { command } => runtime.block_on(strategies(command)),
+        Command::MockUpstream {
+            port,
+            host,
+            ttft_ms,
+            tokens_per_s,
+            fail_rate,
+            model,
+            completion_tokens,
+        } => {
+            let ip = host
+                .parse()
+                .with_context(|| format!("--host {host} is not an IP address"))?;
+            runtime.block_on(async {
+                mock::run(MockOptions {
+                    listen: SocketAddr::new(ip, port),
+                    ttft_ms,
+                    tokens_per_s,
+                    fail_rate,
+                    model,
+                    completion_tokens,
+                })
+                .await
+                .context("mock upstream")
+            })
+        }
+    }
+}
+
+fn load_config(path: &Path) -> anyhow::Result<Config> {
+    Ok(Config::load(path)?)
+}
+
+async fn serve(config_path: &Path, listen: Option<String>) -> anyhow::Result<()> {
+    let config = load_config(config_path)?;
+    let routing = Routing::build(&config).await?;
+    let store = Store::open(&config.database_url)
+        .await
+        .with_context(|| format!("{}: database.url", config.source.display()))?;
+    let listen = listen.unwrap_or_else(|| config.server.listen.clone());
+    let gateway = Arc::new(Gateway::new(config, routing, Some(store))?);
+    gateway.spawn_ticker();
+    let listener = tokio::net::TcpListener::bind(&listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen}"))?;
+    let addr = listener.local_addr()?;
+    for model in gateway.table().models() {
+        tracing::info!(
+            model = %model.config.id,
+            strategy = %model.router.strategy.label(),
+            routes = model.config.routes.len(),
+            "model ready"
+        );
+    }
+    {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "switchyard listening on http://{addr}")?;
+        out.flush()?;
+    }
+    let app = switchyard::server::router(gateway);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await
+        .context("server")
+}
+
+async fn check(config_path: &Path) -> anyhow::Result<()> {
+    let config = load_config(config_path)?;
+    let routing = Routing::build(&config).await?;
+    println!("{}: OK", config.source.display());
+    for model in routing.table.models() {
+        let c = &model.config;
+        let aliases = if c.aliases.is_empty() {
+            String::new()
+        } else {
+            format!(" (aliases: {})", c.aliases.join(", "))
+        };
+        println!(
+            "model {}{aliases}: router {} {}, params {}{}",
+            c.id,
+            model.router.strategy.name,
+            model.router.strategy.version,
+            c.router_params,
+            if c.published { "" } else { " [unpublished]" }
+        );
+        for r in &c.routes {
+            println!(
+                "  [{}] {} {} {} model={} weight={} priority={}",
+                r.index,
+                r.endpoint_id,
+                r.kind.as_str(),
+                r.base_url,
+                r.provider_model_id,
+                r.weight,
+                r.priority
+            );
+        }
+    }
+    Ok(())
+}
+
+async fn catalog_for(config_path: &Path) -> anyhow::Result<(StrategyEngine, StrategyCatalog)> {
+    let config = load_config(config_path)?;
+    let engine = StrategyEngine::new(StrategyLimits {
+        call_timeout: config.strategies.call_timeout,
+        memory_limit_bytes: config.strategies.memory_limit_bytes,
+    })?;
+    let extra = config
+        .strategies
+        .dir
+        .as_deref()
+        .map(|d| config.resolve_path(d));
+    let builtin = builtin_strategies_dir(&config);
+    let catalog = StrategyCatalog::discover(&engine, Some(&builtin), extra.as_deref()).await;
+    Ok((engine, catalog))
+}
+
+async fn strategies(command: StrategiesCommand) -> anyhow::Result<()> {
+    match command {
+        StrategiesCommand::List { config } => {
+            let (_, catalog) = catalog_for(&config.config).await?;
+            for (name, entry) in catalog.entries() {
+                match entry {
+                    CatalogEntry::Loaded(s) => println!(
+                        "{name}\t{}\tloaded\t{}\t{}",
+                        s.version,
+                        s.path.display(),
+                        s.description
+                    ),
+                    CatalogEntry::Missing(m) => {
+                        println!("{name}\t-\tmissing\t{}\t{}", m.path.display(), m.reason)
+                    }
+                }
+            }
+            Ok(())
+        }
+        StrategiesCommand::Schema { name, config } => {
+            let (_, catalog) = catalog_for(&config.config).await?;
+            match catalog.get(&name) {
+                Some(CatalogEntry::Loaded(s)) => {
+                    println!("{}", serde_json::to_string_pretty(&s.params_schema)?);
+                    Ok(())
+                }
+                Some(CatalogEntry::Missing(m)) => {
+                    bail!("strategy `{name}` is unavailable: {}", m.reason)
+                }
+                None => bail!(
+                    "unknown strategy `{name}`; known strategies: {}",
+                    catalog.names().join(", ")
+                ),
+            }
+        }
+        StrategiesCommand::Test { file, params } => {
+            let params: serde_json::Value =
+                serde_json::from_str(&params).context("--params is not JSON")?;
+            let engine = StrategyEngine::new(StrategyLimits::default())?;
+            // Surface an unreadable or non-component file before running checks.
+            let bytes =
+                std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
+            if let Err(e) = catalog::api_version(&bytes) {
+                bail!("{}: {e}", file.display());
+            }
+            let report = contract::run(&engine, &file, &params).await;
+            println!("router contract: {}", report.strategy);
+            for c in &report.checks {
+                let mark = if c.passed { "ok  " } else { "FAIL" };
+                if c.detail.is_empty() {
+                    println!("  {mark} {}", c.name);
+                } else {
+                    println!("  {mark} {} — {}", c.name, c.detail);
+                }
+            }
+            if report.passed() {
+                println!("all {} checks passed", report.checks.len());
+                Ok(())
+            } else {
+                bail!(
+                    "{} of {} checks failed",
+                    report.checks.iter().filter(|c| !c.passed).count(),
+                    report.checks.len()
+                )
+            }
+        }
+    }
+}

@@ -1,0 +1,3 @@
+//! Client and upstream wire protocols.
+
+pub mod openai_chat;

@@ -1,0 +1,168 @@
+//! The runtime route table: every model, its aliases, its routes and its strategy router.
+//!
+//! Built once from the validated config (and, later, the database); a rebuild produces a new table
+//! that replaces the old one atomically, so a request always sees one consistent version.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::config::{Config, ModelConfig, RouteConfig};
+use crate::strategy::bindings::Pricing;
+use crate::strategy::{
+    CatalogEntry, ModelRouter, Route, StrategyCatalog, StrategyEngine, StrategyError,
+};
+
+/// A model as served: its config and the strategy router that orders its routes.
+#[derive(Debug)]
+pub struct ModelEntry {
+    pub config: ModelConfig,
+    pub router: Arc<ModelRouter>,
+}
+
+impl ModelEntry {
+    pub fn id(&self) -> &str {
+        &self.config.id
+    }
+
+    pub fn routes(&self) -> &[RouteConfig] {
+        &self.config.routes
+    }
+}
+
+/// All served models, by canonical id, with aliases resolved to the canonical entry.
+#[derive(Debug, Default)]
+pub struct RouteTable {
+    models: HashMap<String, Arc<ModelEntry>>,
+    aliases: HashMap<String, String>,
+    /// Canonical ids in config order, for listings.
+    order: Vec<String>,
+}
+
+/// Why a config's models cannot be served with the strategies at hand. One entry per problem, each
+/// naming the file, the model, the strategy and, for params, the key.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", problems.join("\n"))]
+pub struct RouteTableError {
+    pub problems: Vec<String>,
+}
+
+impl RouteTable {
+    /// Builds every model's router now, so bad strategy names or params fail at startup, not at the
+    /// first request. All problems are collected, not only the first.
+    pub async fn build(
+        config: &Config,
+        engine: &StrategyEngine,
+        catalog: &StrategyCatalog,
+    ) -> Result<RouteTable, RouteTableError> {
+        let file = config.source.display();
+        let mut problems = Vec::new();
+        let mut table = RouteTable::default();
+        for (mi, model) in config.models.iter().enumerate() {
+            let at = format!("{file}: models[{mi}] ({})", model.id);
+            let strategy = match catalog.get(&model.router) {
+                Some(CatalogEntry::Loaded(s)) => s.clone(),
+                Some(CatalogEntry::Missing(m)) => {
+                    problems.push(format!(
+                        "{at}.router: strategy `{}` is unavailable: {}",
+                        model.router, m.reason
+                    ));
+                    continue;
+                }
+                None => {
+                    problems.push(format!(
+                        "{at}.router: unknown strategy `{}`; known strategies: {}",
+                        model.router,
+                        catalog.names().join(", ")
+                    ));
+                    continue;
+                }
+            };
+            if let Err(errors) = strategy.validate_params(&model.router_params) {
+                for e in errors {
+                    problems.push(format!(
+                        "{at}.router_params: strategy `{}` rejects the params: {e}",
+                        strategy.name
+                    ));
+                }
+                continue;
+            }
+            let routes = wit_routes(&model.routes);
+            match ModelRouter::new(
+                engine,
+                strategy.clone(),
+                &model.id,
+                &model.router_params,
+                routes,
+            )
+            .await
+            {
+                Ok(router) => table.insert(model.clone(), Arc::new(router)),
+                Err(StrategyError::Rejected { message, .. }) => problems.push(format!(
+                    "{at}.router_params: strategy `{}` rejects the params: {message}",
+                    strategy.name
+                )),
+                Err(e) => problems.push(format!("{at}.router: {e}")),
+            }
+        }
+        if problems.is_empty() {
+            Ok(table)
+        } else {
+            Err(RouteTableError { problems })
+        }
+    }
+
+    fn insert(&mut self, config: ModelConfig, router: Arc<ModelRouter>) {
+        for alias in &config.aliases {
+            self.aliases.insert(alias.clone(), config.id.clone());
+        }
+        self.order.push(config.id.clone());
+        self.models
+            .insert(config.id.clone(), Arc::new(ModelEntry { config, router }));
+    }
+
+    /// Finds a model by id or alias (aliases share the canonical model's router).
+    pub fn resolve(&self, name: &str) -> Option<&Arc<ModelEntry>> {
+        self.models.get(name).or_else(|| {
+            self.aliases
+                .get(name)
+                .and_then(|canonical| self.models.get(canonical))
+        })
+    }
+
+    /// Every model in config order.
+    pub fn models(&self) -> impl Iterator<Item = &Arc<ModelEntry>> {
+        self.order.iter().filter_map(|id| self.models.get(id))
+    }
+
+    /// Number of routes across published models.
+    pub fn routes_configured(&self) -> usize {
+        self.models()
+            .filter(|m| m.config.published)
+            .map(|m| m.config.routes.len())
+            .sum()
+    }
+}
+
+/// The WIT form of a model's routes, pushed to its strategy through `refresh-route-table`.
+pub fn wit_routes(routes: &[RouteConfig]) -> Vec<Route> {
+    routes
+        .iter()
+        .map(|r| Route {
+            index: r.index,
+            endpoint_id: r.endpoint_id.clone(),
+            provider: r.kind.as_str().to_owned(),
+            base_url: r.base_url.clone(),
+            provider_model_id: r.provider_model_id.clone(),
+            weight: r.weight,
+            priority: r.priority,
+            input_modalities: r.input_modalities.clone(),
+            pricing: r.pricing.map(|p| Pricing {
+                prompt: p.prompt,
+                completion: p.completion,
+                input_cache_reads: p.input_cache_reads,
+                input_cache_writes: p.input_cache_writes,
+            }),
+            metadata_json: serde_json::Value::Object(r.metadata.clone()).to_string(),
+        })
+        .collect()
+}

@@ -1,0 +1,116 @@
+//! Request errors: each knows its HTTP status and renders itself in the client's protocol.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+
+use crate::routing::dispatch::{DispatchError, FailedAttempt};
+use crate::routing::select::{Exclusion, SelectionError};
+
+/// Everything a request can fail with at the gateway.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// The body failed to parse or validate for its inbound protocol; nothing was sent upstream.
+    #[error("invalid chat request body: {0}")]
+    InvalidBody(String),
+    /// The model id is neither a published model nor an alias of one.
+    #[error("The model `{0}` does not exist or is not served here")]
+    ModelNotFound(String),
+    /// No route could take the request (all excluded before any attempt).
+    #[error(transparent)]
+    NoRoute(#[from] SelectionError),
+    /// Every attempted route failed.
+    #[error(transparent)]
+    AllAttemptsFailed(#[from] DispatchError),
+}
+
+impl GatewayError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            GatewayError::InvalidBody(_) => StatusCode::BAD_REQUEST,
+            GatewayError::ModelNotFound(_) => StatusCode::NOT_FOUND,
+            GatewayError::NoRoute(_) => StatusCode::SERVICE_UNAVAILABLE,
+            GatewayError::AllAttemptsFailed(e) => match e.primary() {
+                // The client's own mistake (bad params, context too long) keeps its status; anything
+                // else is the upstream's failure as seen from the client: a bad gateway.
+                Some(a) if (400..500).contains(&a.status) && a.status != 408 && a.status != 429 => {
+                    StatusCode::from_u16(a.status).unwrap_or(StatusCode::BAD_GATEWAY)
+                }
+                Some(a) if a.status == 429 => StatusCode::TOO_MANY_REQUESTS,
+                Some(a) if a.error_type == "timeout" => StatusCode::GATEWAY_TIMEOUT,
+                _ => StatusCode::BAD_GATEWAY,
+            },
+        }
+    }
+
+    /// Whether trying again later may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            GatewayError::NoRoute(_) | GatewayError::AllAttemptsFailed(_)
+        ) && !matches!(self.status().as_u16(), 400..=407 | 409..=428)
+    }
+
+    fn openai_type(&self) -> &'static str {
+        match self {
+            GatewayError::InvalidBody(_) | GatewayError::ModelNotFound(_) => {
+                "invalid_request_error"
+            }
+            GatewayError::NoRoute(_) => "service_unavailable",
+            GatewayError::AllAttemptsFailed(_) => "upstream_error",
+        }
+    }
+
+    fn code(&self) -> &'static str {
+        match self {
+            GatewayError::InvalidBody(_) => "invalid_body",
+            GatewayError::ModelNotFound(_) => "model_not_found",
+            GatewayError::NoRoute(_) => "no_available_route",
+            GatewayError::AllAttemptsFailed(_) => "all_attempts_failed",
+        }
+    }
+
+    /// The error in OpenAI's JSON shape, with the attempts or exclusions that explain it.
+    pub fn openai_body(&self) -> serde_json::Value {
+        let mut error = serde_json::json!({
+            "message": self.to_string(),
+            "type": self.openai_type(),
+            "param": serde_json::Value::Null,
+            "code": self.code(),
+        });
+        match self {
+            GatewayError::AllAttemptsFailed(e) => {
+                error["message"] = primary_message(&e.attempts).into();
+                error["attempts"] = serde_json::to_value(&e.attempts).unwrap_or_default();
+            }
+            GatewayError::NoRoute(SelectionError::NoAdmissibleRoute { excluded, .. }) => {
+                error["excluded"] =
+                    serde_json::to_value::<&Vec<Exclusion>>(excluded).unwrap_or_default();
+            }
+            GatewayError::ModelNotFound(_) => error["param"] = "model".into(),
+            GatewayError::InvalidBody(_) => {}
+        }
+        serde_json::json!({ "error": error })
+    }
+}
+
+fn primary_message(attempts: &[FailedAttempt]) -> String {
+    match attempts.first() {
+        Some(primary) => format!(
+            "{} (endpoint {}); {} attempt(s) failed",
+            primary.error,
+            primary.endpoint_id,
+            attempts.len()
+        ),
+        None => "no route was attempted".into(),
+    }
+}
+
+impl IntoResponse for GatewayError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        if status.is_server_error() {
+            tracing::warn!(status = status.as_u16(), "request failed: {self}");
+        }
+        (status, axum::Json(self.openai_body())).into_response()
+    }
+}

@@ -1,0 +1,124 @@
+//! The request log: rows are queued by the request path and written in batches by a background task.
+//! A slow or unreachable database never blocks a request; when the queue is full, rows are dropped
+//! and counted.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use super::Store;
+
+/// Rows waiting to be written before new ones are dropped.
+const QUEUE_CAPACITY: usize = 8192;
+/// Rows per INSERT transaction.
+const BATCH: usize = 256;
+/// How often a partial batch is flushed.
+const FLUSH_EVERY: Duration = Duration::from_millis(250);
+
+/// One answered (or failed) request.
+#[derive(Debug, Clone, Default)]
+pub struct ApiLogRow {
+    pub created_at_ms: i64,
+    pub model: String,
+    pub endpoint_id: Option<String>,
+    pub attempts: i32,
+    pub fell_back: bool,
+    pub status: i32,
+    pub ttft_ms: Option<f64>,
+    pub latency_ms: f64,
+    pub prompt_tokens: Option<i32>,
+    pub completion_tokens: Option<i32>,
+    pub error: Option<String>,
+}
+
+/// The sending side, cheap to clone into request handlers.
+#[derive(Clone)]
+pub struct ApiLog {
+    tx: mpsc::Sender<ApiLogRow>,
+    pub dropped: Arc<AtomicU64>,
+    pub write_errors: Arc<AtomicU64>,
+}
+
+impl ApiLog {
+    /// Starts the writer task for `store`.
+    pub fn start(store: Store) -> ApiLog {
+        let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
+        let write_errors = Arc::new(AtomicU64::new(0));
+        tokio::spawn(writer(store, rx, write_errors.clone()));
+        ApiLog {
+            tx,
+            dropped: Arc::new(AtomicU64::new(0)),
+            write_errors,
+        }
+    }
+
+    /// Queues a row without waiting.
+    pub fn record(&self, row: ApiLogRow) {
+        if self.tx.try_send(row).is_err() {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+async fn writer(store: Store, mut rx: mpsc::Receiver<ApiLogRow>, errors: Arc<AtomicU64>) {
+    let mut batch = Vec::with_capacity(BATCH);
+    loop {
+        let closed = tokio::select! {
+            n = rx.recv_many(&mut batch, BATCH) => n == 0,
+            _ = tokio::time::sleep(FLUSH_EVERY) => false,
+        };
+        if !batch.is_empty() {
+            if let Err(e) = write(&store, &batch).await {
+                errors.fetch_add(batch.len() as u64, Ordering::Relaxed);
+                tracing::warn!("api_logs: {} rows not written: {e}", batch.len());
+            }
+            batch.clear();
+        }
+        if closed {
+            return;
+        }
+    }
+}
+
+async fn write(store: &Store, rows: &[ApiLogRow]) -> Result<(), sqlx::Error> {
+    const COLUMNS: &str = "INSERT INTO api_logs (created_at_ms, model, endpoint_id, attempts, fell_back, status, ttft_ms, latency_ms, prompt_tokens, completion_tokens, error) ";
+    match store {
+        Store::Sqlite(pool) => {
+            let mut qb = sqlx::QueryBuilder::<sqlx::Sqlite>::new(COLUMNS);
+            qb.push_values(rows, |mut b, r| {
+                b.push_bind(r.created_at_ms)
+                    .push_bind(&r.model)
+                    .push_bind(&r.endpoint_id)
+                    .push_bind(r.attempts)
+                    .push_bind(r.fell_back)
+                    .push_bind(r.status)
+                    .push_bind(r.ttft_ms)
+                    .push_bind(r.latency_ms)
+                    .push_bind(r.prompt_tokens)
+                    .push_bind(r.completion_tokens)
+                    .push_bind(&r.error);
+            });
+            qb.build().execute(pool).await?;
+        }
+        Store::Postgres(pool) => {
+            let mut qb = sqlx::QueryBuilder::<sqlx::Postgres>::new(COLUMNS);
+            qb.push_values(rows, |mut b, r| {
+                b.push_bind(r.created_at_ms)
+                    .push_bind(&r.model)
+                    .push_bind(&r.endpoint_id)
+                    .push_bind(r.attempts)
+                    .push_bind(r.fell_back)
+                    .push_bind(r.status)
+                    .push_bind(r.ttft_ms)
+                    .push_bind(r.latency_ms)
+                    .push_bind(r.prompt_tokens)
+                    .push_bind(r.completion_tokens)
+                    .push_bind(&r.error);
+            });
+            qb.build().execute(pool).await?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,50 @@
+//! The WebAssembly strategy host: one engine, a catalog of compiled strategies, one router instance
+//! per model, and the contract every strategy must satisfy.
+
+pub mod bindings;
+pub mod catalog;
+pub mod contract;
+pub mod engine;
+pub mod router;
+
+use std::path::PathBuf;
+
+pub use bindings::{Candidate, CircuitState, Decision, Modalities, Observation, Request, Route};
+pub use catalog::{BUILTIN_STRATEGIES, CatalogEntry, LoadedStrategy, StrategyCatalog};
+pub use engine::{StrategyEngine, StrategyLimits};
+pub use router::ModelRouter;
+
+/// What can go wrong with a strategy. Errors raised by a guest carry the strategy's name and version.
+#[derive(Debug, thiserror::Error)]
+pub enum StrategyError {
+    /// The wasm engine itself could not be set up.
+    #[error("strategy engine: {0}")]
+    Engine(String),
+    /// The file could not be read, compiled, linked or introspected.
+    #[error("strategy file {}: {reason}", path.display())]
+    Load { path: PathBuf, reason: String },
+    /// The component was built against a WIT API version this host does not run.
+    #[error("strategy file {}: built against switchyard:router@{found}, this host runs {supported}", path.display())]
+    UnsupportedApi {
+        path: PathBuf,
+        found: String,
+        supported: String,
+    },
+    /// The guest trapped: a panic, its deadline, its memory cap.
+    #[error("strategy {strategy}: {call} failed: {reason}")]
+    Trap {
+        strategy: String,
+        call: &'static str,
+        reason: String,
+    },
+    /// The guest returned an error value.
+    #[error("strategy {strategy}: {call} returned an error: {message}")]
+    Rejected {
+        strategy: String,
+        call: &'static str,
+        message: String,
+    },
+    /// `select` returned an order that is not a valid ordering of the candidates.
+    #[error("strategy {strategy}: select returned an invalid order: {reason}")]
+    InvalidDecision { strategy: String, reason: String },
+}

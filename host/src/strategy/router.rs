@@ -1,0 +1,423 @@
+//! One live strategy instance per model: the router resource, its store, and recovery after a trap.
+//!
+//! Each model owns its instance behind its own lock, held only for the duration of one call, so a
+//! model's strategy state stays whole (cursors, learned profiles) without serialising other models.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use wasmtime::Store;
+use wasmtime::component::ResourceAny;
+
+use super::StrategyError;
+use super::bindings::{
+    Candidate, Decision, Observation, Request, Route, StoreState, StrategyComponent,
+};
+use super::catalog::LoadedStrategy;
+use super::engine::{SETUP_TIMEOUT, StrategyEngine};
+
+struct LiveInstance {
+    store: Store<StoreState>,
+    bindings: StrategyComponent,
+    router: ResourceAny,
+}
+
+/// Counters shown in health endpoints.
+#[derive(Debug, Default)]
+pub struct RouterStats {
+    pub selects: AtomicU64,
+    /// Calls that trapped, timed out, ran out of memory, returned an error or an invalid order.
+    pub failures: AtomicU64,
+    /// Times the instance was re-created after a trap (its state was reset).
+    pub resets: AtomicU64,
+    pub last_failure: parking_lot::Mutex<Option<String>>,
+}
+
+/// A model's router: the strategy instance plus what is needed to rebuild it.
+pub struct ModelRouter {
+    pub model_id: String,
+    pub strategy: Arc<LoadedStrategy>,
+    engine: StrategyEngine,
+    params_json: String,
+    /// The last table pushed, re-pushed into a fresh instance after a trap.
+    route_table: parking_lot::Mutex<Vec<Route>>,
+    /// `None` after a failure killed the instance, until the next call re-creates it. An async
+    /// lock: a call may await a guest's WASI I/O, and other models never wait on this one.
+    instance: tokio::sync::Mutex<Option<LiveInstance>>,
+    pub stats: RouterStats,
+}
+
+impl std::fmt::Debug for ModelRouter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelRouter")
+            .field("model_id", &self.model_id)
+            .field("strategy", &self.strategy.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ModelRouter {
+    /// Instantiates the strategy for `model_id` and calls `create` with the (already validated) params.
+    pub async fn new(
+        engine: &StrategyEngine,
+        strategy: Arc<LoadedStrategy>,
+        model_id: &str,
+        params: &serde_json::Value,
+        routes: Vec<Route>,
+    ) -> Result<Self, StrategyError> {
+        let router = ModelRouter {
+            model_id: model_id.to_owned(),
+            engine: engine.clone(),
+            params_json: params.to_string(),
+            route_table: parking_lot::Mutex::new(routes),
+            instance: tokio::sync::Mutex::new(None),
+            stats: RouterStats::default(),
+            strategy,
+        };
+        let live = router.instantiate().await?;
+        *router.instance.lock().await = Some(live);
+        Ok(router)
+    }
+
+    async fn instantiate(&self) -> Result<LiveInstance, StrategyError> {
+        let s = &self.strategy;
+        let mut store = self.engine.new_store(&s.label());
+        let bindings = match bounded(SETUP_TIMEOUT, s.pre.instantiate_async(&mut store)).await {
+            Ok(b) => b,
+            Err(e) => return Err(self.trap("instantiate", &store, e)),
+        };
+        store.set_epoch_deadline(self.engine.ticks(SETUP_TIMEOUT));
+        let created = bounded(
+            SETUP_TIMEOUT,
+            bindings.switchyard_router_strategy().router().call_create(
+                &mut store,
+                &self.model_id,
+                &self.params_json,
+            ),
+        )
+        .await;
+        let router = match created {
+            Ok(Ok(router)) => router,
+            Ok(Err(message)) => {
+                return Err(StrategyError::Rejected {
+                    strategy: s.label(),
+                    call: "create",
+                    message,
+                });
+            }
+            Err(e) => return Err(self.trap("create", &store, e)),
+        };
+        let routes = self.route_table.lock().clone();
+        store.set_epoch_deadline(self.engine.ticks(SETUP_TIMEOUT));
+        let refreshed = bounded(
+            SETUP_TIMEOUT,
+            bindings
+                .switchyard_router_strategy()
+                .router()
+                .call_refresh_route_table(&mut store, router, &routes),
+        )
+        .await;
+        if let Err(e) = refreshed {
+            return Err(self.trap("refresh-route-table", &store, e));
+        }
+        Ok(LiveInstance {
+            store,
+            bindings,
+            router,
+        })
+    }
+
+    /// Locks the instance, re-creating it first if a previous call killed it.
+    async fn acquire(
+        &self,
+    ) -> Result<tokio::sync::MutexGuard<'_, Option<LiveInstance>>, StrategyError> {
+        let mut slot = self.instance.lock().await;
+        if slot.is_none() {
+            let live = self.instantiate().await?;
+            self.stats.resets.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                model = %self.model_id,
+                strategy = %self.strategy.label(),
+                "strategy instance re-created after a failure; its state was reset"
+            );
+            *slot = Some(live);
+        }
+        Ok(slot)
+    }
+
+    /// Turns a call's outcome into ours. A trap leaves the instance dead (wasmtime refuses to
+    /// re-enter it), so it is dropped and re-created on the next call.
+    fn settle<T>(
+        &self,
+        slot: &mut Option<LiveInstance>,
+        call: &'static str,
+        result: wasmtime::Result<T>,
+    ) -> Result<T, StrategyError> {
+        match result {
+            Ok(v) => Ok(v),
+            Err(e) => {
+                let err = match slot.as_ref() {
+                    Some(live) => self.trap(call, &live.store, e),
+                    None => StrategyError::Engine(format!("{e:?}")),
+                };
+                *slot = None;
+                Err(err)
+            }
+        }
+    }
+
+    fn trap(
+        &self,
+        call: &'static str,
+        store: &Store<StoreState>,
+        e: wasmtime::Error,
+    ) -> StrategyError {
+        let interrupted = matches!(
+            e.downcast_ref::<wasmtime::Trap>(),
+            Some(wasmtime::Trap::Interrupt)
+        ) || e.downcast_ref::<DeadlineElapsed>().is_some();
+        let reason = if interrupted {
+            format!(
+                "exceeded its deadline of {} ms",
+                self.engine.limits().call_timeout.as_millis()
+            )
+        } else {
+            let text = format!("{e:?}");
+            if text.contains("memory") && text.contains("grow") {
+                format!(
+                    "exceeded its memory cap of {} MiB",
+                    self.engine.limits().memory_limit_bytes >> 20
+                )
+            } else {
+                text.lines().next().unwrap_or("trap").to_owned()
+            }
+        };
+        let stderr = store.data().stderr.contents();
+        let stderr = String::from_utf8_lossy(&stderr);
+        let stderr = stderr.trim();
+        StrategyError::Trap {
+            strategy: self.strategy.label(),
+            call,
+            reason: if stderr.is_empty() {
+                reason
+            } else {
+                format!("{reason}; guest stderr: {}", last_chars(stderr, 500))
+            },
+        }
+    }
+
+    /// Asks the strategy for an order. The result is checked: every index must be one of the
+    /// candidates' and appear once. On any error the caller falls back to declared order.
+    pub async fn select(
+        &self,
+        request: &Request,
+        candidates: &[Candidate],
+    ) -> Result<Decision, StrategyError> {
+        self.stats.selects.fetch_add(1, Ordering::Relaxed);
+        let result = self
+            .call_select(*request, candidates)
+            .await
+            .and_then(|r| {
+                r.map_err(|message| StrategyError::Rejected {
+                    strategy: self.strategy.label(),
+                    call: "select",
+                    message,
+                })
+            })
+            .and_then(|d| {
+                check_order(&d.order, candidates)
+                    .map(|()| d)
+                    .map_err(|reason| StrategyError::InvalidDecision {
+                        strategy: self.strategy.label(),
+                        reason,
+                    })
+            });
+        if let Err(e) = &result {
+            self.record_failure(e);
+        }
+        result
+    }
+
+    async fn call_select(
+        &self,
+        request: Request,
+        candidates: &[Candidate],
+    ) -> Result<Result<Decision, String>, StrategyError> {
+        let mut slot = self.acquire().await?;
+        let Some(live) = slot.as_mut() else {
+            return Err(StrategyError::Engine("instance slot empty".into()));
+        };
+        live.store
+            .set_epoch_deadline(self.engine.ticks(self.engine.limits().call_timeout));
+        let result = bounded(
+            self.engine.limits().call_timeout,
+            live.bindings
+                .switchyard_router_strategy()
+                .router()
+                .call_select(&mut live.store, live.router, request, candidates),
+        )
+        .await;
+        self.settle(&mut slot, "select", result)
+    }
+
+    /// Replaces the route table and pushes it to the strategy.
+    pub async fn refresh_route_table(&self, routes: Vec<Route>) -> Result<(), StrategyError> {
+        *self.route_table.lock() = routes.clone();
+        let result = self.push_routes(&routes).await;
+        if let Err(e) = &result {
+            self.record_failure(e);
+        }
+        result
+    }
+
+    async fn push_routes(&self, routes: &[Route]) -> Result<(), StrategyError> {
+        let mut slot = self.acquire().await?;
+        let Some(live) = slot.as_mut() else {
+            return Err(StrategyError::Engine("instance slot empty".into()));
+        };
+        live.store
+            .set_epoch_deadline(self.engine.ticks(SETUP_TIMEOUT));
+        let result = bounded(
+            SETUP_TIMEOUT,
+            live.bindings
+                .switchyard_router_strategy()
+                .router()
+                .call_refresh_route_table(&mut live.store, live.router, routes),
+        )
+        .await;
+        self.settle(&mut slot, "refresh-route-table", result)
+    }
+
+    async fn call_observe(&self, observation: &Observation) -> Result<(), StrategyError> {
+        let mut slot = self.acquire().await?;
+        let Some(live) = slot.as_mut() else {
+            return Err(StrategyError::Engine("instance slot empty".into()));
+        };
+        live.store
+            .set_epoch_deadline(self.engine.ticks(self.engine.limits().call_timeout));
+        let result = bounded(
+            self.engine.limits().call_timeout,
+            live.bindings
+                .switchyard_router_strategy()
+                .router()
+                .call_observe(&mut live.store, live.router, observation),
+        )
+        .await;
+        self.settle(&mut slot, "observe", result)
+    }
+
+    async fn call_status(&self) -> Result<String, StrategyError> {
+        let mut slot = self.acquire().await?;
+        let Some(live) = slot.as_mut() else {
+            return Err(StrategyError::Engine("instance slot empty".into()));
+        };
+        live.store
+            .set_epoch_deadline(self.engine.ticks(self.engine.limits().call_timeout));
+        let result = bounded(
+            self.engine.limits().call_timeout,
+            live.bindings
+                .switchyard_router_strategy()
+                .router()
+                .call_status(&mut live.store, live.router),
+        )
+        .await;
+        self.settle(&mut slot, "status", result)
+    }
+
+    async fn call_tick(&self, now_ms: u64) -> Result<(), StrategyError> {
+        let mut slot = self.acquire().await?;
+        let Some(live) = slot.as_mut() else {
+            return Err(StrategyError::Engine("instance slot empty".into()));
+        };
+        live.store
+            .set_epoch_deadline(self.engine.ticks(self.engine.limits().call_timeout));
+        let result = bounded(
+            self.engine.limits().call_timeout,
+            live.bindings
+                .switchyard_router_strategy()
+                .router()
+                .call_tick(&mut live.store, live.router, now_ms),
+        )
+        .await;
+        self.settle(&mut slot, "tick", result)
+    }
+
+    pub async fn observe(&self, observation: &Observation) {
+        let result = self.call_observe(observation).await;
+        if let Err(e) = &result {
+            self.record_failure(e);
+        }
+    }
+
+    /// The strategy's status text, as the guest returned it.
+    pub async fn status_text(&self) -> Result<String, StrategyError> {
+        let result = self.call_status().await;
+        if let Err(e) = &result {
+            self.record_failure(e);
+        }
+        result
+    }
+
+    /// The strategy's status as JSON; a string when it is not JSON, `{"error": ...}` on failure.
+    pub async fn status(&self) -> serde_json::Value {
+        match self.status_text().await {
+            Ok(text) => serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+            Err(e) => serde_json::json!({ "error": e.to_string() }),
+        }
+    }
+
+    pub async fn tick(&self, now_ms: u64) {
+        let result = self.call_tick(now_ms).await;
+        if let Err(e) = &result {
+            self.record_failure(e);
+        }
+    }
+
+    fn record_failure(&self, e: &StrategyError) {
+        self.stats.failures.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(model = %self.model_id, strategy = %self.strategy.label(), "strategy failure: {e}");
+        *self.stats.last_failure.lock() = Some(e.to_string());
+    }
+}
+
+/// A call awaiting a host future (a guest sleeping, say) is not interrupted by epochs, which only
+/// tick inside wasm code; a timer bounds it too. The margin lets the epoch deadline fire first
+/// for CPU-bound guests, which yields the clearer trap.
+#[derive(Debug, thiserror::Error)]
+#[error("deadline elapsed")]
+struct DeadlineElapsed;
+
+async fn bounded<T>(
+    deadline: Duration,
+    call: impl std::future::Future<Output = wasmtime::Result<T>>,
+) -> wasmtime::Result<T> {
+    match tokio::time::timeout(deadline * 2 + Duration::from_millis(2), call).await {
+        Ok(result) => result,
+        Err(_) => Err(wasmtime::Error::new(DeadlineElapsed)),
+    }
+}
+
+/// A valid order lists candidate indexes only, each at most once, and at least one when there are
+/// candidates.
+pub fn check_order(order: &[u32], candidates: &[Candidate]) -> Result<(), String> {
+    if order.is_empty() && !candidates.is_empty() {
+        return Err("empty order".into());
+    }
+    for (pos, idx) in order.iter().enumerate() {
+        if !candidates.iter().any(|c| c.index == *idx) {
+            return Err(format!("index {idx} is not a candidate"));
+        }
+        if order[..pos].contains(idx) {
+            return Err(format!("index {idx} appears twice"));
+        }
+    }
+    Ok(())
+}
+
+fn last_chars(s: &str, n: usize) -> &str {
+    match s.char_indices().rev().nth(n.saturating_sub(1)) {
+        Some((i, _)) if s.chars().count() > n => &s[i..],
+        _ => s,
+    }
+}

@@ -1,0 +1,134 @@
+//! Talking to upstreams: one pooled HTTP client, timeouts, and errors that say what failed.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::config::UpstreamConfig;
+
+/// Bytes of an upstream error body kept for the attempt record.
+const ERROR_BODY_LIMIT: usize = 2048;
+
+/// Why one attempt at one upstream failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum AttemptError {
+    /// Connecting or talking to the upstream failed before an answer arrived.
+    #[error("transport error: {0}")]
+    Transport(String),
+    /// The upstream did not answer in time.
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+    /// The upstream answered with a non-2xx status.
+    #[error("upstream answered HTTP {status}: {body}")]
+    Status { status: u16, body: String },
+    /// The upstream answered 2xx with something that is not a valid response.
+    #[error("invalid upstream response: {0}")]
+    InvalidResponse(String),
+    /// The stream ended or broke before its first event.
+    #[error("stream ended before its first event: {0}")]
+    EmptyStream(String),
+}
+
+impl AttemptError {
+    /// Short machine-readable kind, used in attempt records and logs.
+    pub fn error_type(&self) -> &'static str {
+        match self {
+            AttemptError::Transport(_) => "transport",
+            AttemptError::Timeout(_) => "timeout",
+            AttemptError::Status { .. } => "http_status",
+            AttemptError::InvalidResponse(_) => "invalid_response",
+            AttemptError::EmptyStream(_) => "empty_stream",
+        }
+    }
+
+    /// HTTP status of the upstream answer; 0 when there was none.
+    pub fn status(&self) -> u16 {
+        match self {
+            AttemptError::Status { status, .. } => *status,
+            _ => 0,
+        }
+    }
+}
+
+/// The shared upstream HTTP client (connection pool per upstream host).
+#[derive(Clone)]
+pub struct UpstreamClient {
+    http: reqwest::Client,
+    first_byte_timeout: Duration,
+    request_timeout: Duration,
+}
+
+impl UpstreamClient {
+    pub fn new(config: &UpstreamConfig) -> Result<Self, reqwest::Error> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(config.connect_timeout)
+            .pool_idle_timeout(Duration::from_secs(90))
+            .tcp_nodelay(true)
+            .build()?;
+        Ok(Self {
+            http,
+            first_byte_timeout: config.first_byte_timeout,
+            request_timeout: config.request_timeout,
+        })
+    }
+
+    /// POSTs a JSON body and waits for the response headers. A non-2xx answer is an error carrying
+    /// the start of its body.
+    pub async fn post_json(
+        &self,
+        url: &str,
+        api_key: Option<&str>,
+        body: Vec<u8>,
+    ) -> Result<reqwest::Response, AttemptError> {
+        let mut request = self
+            .http
+            .post(url)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body);
+        if let Some(key) = api_key {
+            request = request.bearer_auth(key);
+        }
+        let response = tokio::time::timeout(self.first_byte_timeout, request.send())
+            .await
+            .map_err(|_| AttemptError::Timeout(self.first_byte_timeout))?
+            .map_err(|e| AttemptError::Transport(describe(&e)))?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(response);
+        }
+        let body = tokio::time::timeout(Duration::from_secs(5), response.bytes())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or_default();
+        Err(AttemptError::Status {
+            status: status.as_u16(),
+            body: truncate(&body),
+        })
+    }
+
+    /// Reads a whole (non-streaming) body within the request timeout.
+    pub async fn read_body(&self, response: reqwest::Response) -> Result<Bytes, AttemptError> {
+        tokio::time::timeout(self.request_timeout, response.bytes())
+            .await
+            .map_err(|_| AttemptError::Timeout(self.request_timeout))?
+            .map_err(|e| AttemptError::Transport(describe(&e)))
+    }
+}
+
+/// reqwest's Display hides the cause ("error sending request"); the chain says what happened.
+fn describe(e: &reqwest::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+fn truncate(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(&body[..body.len().min(ERROR_BODY_LIMIT)]);
+    text.trim().to_owned()
+}

@@ -1,0 +1,349 @@
+//! Write Switchyard routing strategies as WebAssembly components.
+//!
+//! A strategy orders the routes of one model for each request. The host compiles it once, creates one
+//! router per canonical model with the model's `router_params`, pushes the route table, and then calls
+//! [`Strategy::select`] on the hot path with numbers only. This crate hides the component-model
+//! plumbing: implement [`Strategy`] on a plain Rust type and export it with [`export_strategy!`].
+//!
+//! ```
+//! use switchyard_sdk::{Candidate, Decision, Request, Strategy, StrategyInfo, declared_order};
+//!
+//! /// Always the declared order.
+//! pub struct InOrder;
+//!
+//! #[derive(serde::Deserialize, schemars::JsonSchema)]
+//! #[serde(deny_unknown_fields)]
+//! pub struct InOrderParams {}
+//!
+//! impl Strategy for InOrder {
+//!     type Params = InOrderParams;
+//!
+//!     fn info() -> StrategyInfo {
+//!         StrategyInfo::new("in_order", env!("CARGO_PKG_VERSION"), "Routes in declared order.")
+//!     }
+//!
+//!     fn create(_model_id: &str, _params: InOrderParams) -> Result<Self, String> {
+//!         Ok(Self)
+//!     }
+//!
+//!     fn select(&mut self, _request: &Request, candidates: &[Candidate]) -> Result<Decision, String> {
+//!         Ok(Decision::new(declared_order(candidates)))
+//!     }
+//! }
+//!
+//! switchyard_sdk::export_strategy!(InOrder);
+//! # fn main() {}
+//! ```
+//!
+//! Build the crate as a `cdylib` for `wasm32-wasip2`; the result is a component the host can load.
+//! Everything also compiles natively, so a strategy's logic is unit-tested with plain `cargo test`
+//! (there [`log`] is a no-op).
+
+mod order;
+mod params;
+mod rng;
+
+use std::cell::RefCell;
+use std::marker::PhantomData;
+
+pub use order::{
+    declared_order, declared_positions, order_of_positions, primary_then_declared, priority_tiers,
+    usable_weight, weighted_draw, weighted_shuffle,
+};
+pub use params::{NoParams, params_schema, parse_params};
+pub use rng::Rng;
+
+pub use __private::bindings::exports::switchyard::router::strategy::{
+    Candidate, Decision, Observation, Request, Route, StrategyInfo,
+};
+pub use __private::bindings::switchyard::router::host::LogLevel;
+pub use __private::bindings::switchyard::router::types::{CircuitState, Modalities, Pricing};
+
+/// Re-exported so strategies can build `status` JSON without depending on it themselves.
+pub use serde_json;
+
+/// Version of the `switchyard:router` WIT package this SDK implements.
+///
+/// [`export_strategy!`] stamps it into the component's `switchyard-router-api` custom section, so the
+/// host can tell which API a component was built against before instantiating it.
+pub const API_VERSION: &str = "0.1.0";
+
+/// A routing strategy: one value per canonical model, owned by the host for the life of the model.
+///
+/// Calls on one router never overlap; `&mut self` is safe to use for any state. Only `info`,
+/// `create` and `select` are required; the other methods default to doing nothing.
+pub trait Strategy: Sized + 'static {
+    /// The model's `router_params`. Use `#[serde(deny_unknown_fields)]` (the host requires
+    /// `additionalProperties: false`, and [`params_schema`] enforces it anyway) and serde defaults
+    /// for optional keys.
+    type Params: serde::de::DeserializeOwned + schemars::JsonSchema;
+
+    /// Name, version and description, for discovery, logs and error messages.
+    fn info() -> StrategyInfo;
+
+    /// Builds the router for `model_id`. `params` were parsed from the host's `router_params` (an empty
+    /// string counts as `{}`); parse failures never reach this method. An `Err` is shown to the
+    /// operator and the model is not served by this strategy.
+    fn create(model_id: &str, params: Self::Params) -> Result<Self, String>;
+
+    /// The model's effective routes, in declared order. Called before the first `select` and after any
+    /// route change. Later calls replace the table.
+    fn refresh_route_table(&mut self, _routes: &[Route]) {}
+
+    /// Orders `candidates` for one request: [`Decision::order`] lists declared indexes, primary first.
+    ///
+    /// The host admitted these candidates (a subset of the route table, any order); an order naming
+    /// anything else, repeating an index, or empty makes the host fall back to declared order, as
+    /// does an `Err`. Use [`Rng::for_request`] for randomness so a decision is reproducible.
+    fn select(&mut self, request: &Request, candidates: &[Candidate]) -> Result<Decision, String>;
+
+    /// One call per finished attempt of a request this router ordered.
+    fn observe(&mut self, _observation: &Observation) {}
+
+    /// JSON shown in the host's health and routing endpoints.
+    fn status(&self) -> String {
+        "{}".to_owned()
+    }
+
+    /// Called at the host's tick interval, for time-based state.
+    fn tick(&mut self, _now_ms: u64) {}
+}
+
+/// Sends a message to the host's log, tagged with the strategy and model.
+///
+/// A no-op when not compiled for `wasm32`, so native tests can call code that logs.
+pub fn log(level: LogLevel, message: &str) {
+    #[cfg(target_arch = "wasm32")]
+    __private::bindings::switchyard::router::host::log(level, message);
+    #[cfg(not(target_arch = "wasm32"))]
+    let _ = (level, message);
+}
+
+impl StrategyInfo {
+    /// `version` is usually `env!("CARGO_PKG_VERSION")`.
+    pub fn new(
+        name: impl Into<String>,
+        version: impl Into<String>,
+        description: impl Into<String>,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            version: version.into(),
+            description: description.into(),
+        }
+    }
+}
+
+impl Decision {
+    /// A decision with the given order (declared indexes, primary first) and no metadata.
+    pub fn new(order: Vec<u32>) -> Self {
+        Self {
+            order,
+            strategy_metadata: String::new(),
+        }
+    }
+
+    /// Attaches metadata; the host hands it back in the [`Observation`]s of this request.
+    #[must_use]
+    pub fn with_metadata(mut self, metadata: impl Into<String>) -> Self {
+        self.strategy_metadata = metadata.into();
+        self
+    }
+}
+
+impl Candidate {
+    /// A healthy candidate (closed circuit, full availability, no backlog, no latency estimates) with
+    /// priority 0. Meant for tests; the host fills in every field.
+    pub fn new(index: u32, weight: f64) -> Self {
+        Self {
+            index,
+            weight,
+            priority: 0,
+            availability: 1.0,
+            circuit: CircuitState::Closed,
+            prefill_backlog_tokens: 0,
+            inflight_elephants: 0,
+            uncached_prompt_tokens: 0,
+            ttft_ms: None,
+            latency_ms: None,
+        }
+    }
+}
+
+impl Route {
+    /// A route with the given declared index and weight, priority 0, empty strings, no modalities, no
+    /// pricing and `{}` metadata. Meant for tests; the host fills in every field.
+    pub fn new(index: u32, weight: f64) -> Self {
+        Self {
+            index,
+            endpoint_id: String::new(),
+            provider: String::new(),
+            base_url: String::new(),
+            provider_model_id: String::new(),
+            weight,
+            priority: 0,
+            input_modalities: Vec::new(),
+            pricing: None,
+            metadata_json: "{}".to_owned(),
+        }
+    }
+}
+
+impl Request {
+    /// A text-only request with the given seed and every other field zero. Meant for tests.
+    pub fn with_seed(seed: u64) -> Self {
+        Self {
+            caller_hash: 0,
+            prompt_tokens: 0,
+            max_tokens: None,
+            stream: false,
+            modalities: Modalities::empty(),
+            seed,
+            now_ms: 0,
+        }
+    }
+}
+
+/// Exports a [`Strategy`] implementation as the crate's component. Use it once, in a `cdylib` crate.
+///
+/// On `wasm32` it emits the component exports and stamps [`API_VERSION`] into a custom section named
+/// `switchyard-router-api` (UTF-8, no terminator) inside the component's core module. On other targets
+/// it only checks that the type implements [`Strategy`], so the crate's tests run natively.
+#[macro_export]
+macro_rules! export_strategy {
+    ($strategy:ty) => {
+        // Native builds only check the type: the export symbols (`pkg/iface#func`) are not valid
+        // symbol names for native linkers, and nothing natively would call them.
+        const _: fn() = || $crate::__private::assert_strategy::<$strategy>();
+
+        #[cfg(target_arch = "wasm32")]
+        #[allow(unsafe_code)]
+        const _: () = {
+            type SwitchyardComponent = $crate::__private::Component<$strategy>;
+
+            $crate::__private::bindings::__export_strategy_component!(
+                SwitchyardComponent with_types_in $crate::__private::bindings
+            );
+
+            #[used]
+            #[unsafe(link_section = "switchyard-router-api")]
+            static SWITCHYARD_ROUTER_API: [u8; $crate::API_VERSION.len()] =
+                $crate::__private::API_VERSION_BYTES;
+        };
+    };
+}
+
+#[doc(hidden)]
+pub mod __private {
+    //! Glue between [`Strategy`](crate::Strategy) and the generated bindings. Not a public API.
+
+    use super::{PhantomData, RefCell, Strategy};
+
+    #[allow(
+        unsafe_code,
+        clippy::all,
+        clippy::unwrap_used,
+        clippy::expect_used,
+        missing_docs
+    )]
+    pub mod bindings {
+        wit_bindgen::generate!({
+            path: "../wit/since_v0.1.0",
+            world: "strategy-component",
+            pub_export_macro: true,
+            export_macro_name: "__export_strategy_component",
+            default_bindings_module: "$crate::__private::bindings",
+            additional_derives: [PartialEq],
+        });
+    }
+
+    use bindings::exports::switchyard::router::strategy::{
+        Candidate, Decision, Guest, GuestRouter, Observation, Request, Route, Router, StrategyInfo,
+    };
+
+    /// [`crate::API_VERSION`] as the bytes of the `switchyard-router-api` custom section.
+    pub const API_VERSION_BYTES: [u8; crate::API_VERSION.len()] = {
+        let version = crate::API_VERSION.as_bytes();
+        let mut bytes = [0; crate::API_VERSION.len()];
+        let mut i = 0;
+        while i < version.len() {
+            bytes[i] = version[i];
+            i += 1;
+        }
+        bytes
+    };
+
+    /// Compile-time check used by [`export_strategy!`](crate::export_strategy) on every target.
+    pub const fn assert_strategy<S: Strategy>() {}
+
+    /// Implements the `strategy` interface for `S`.
+    pub struct Component<S>(PhantomData<fn() -> S>);
+
+    /// The `router` resource: the author's value behind a `RefCell`, since guest resources are
+    /// called through `&self`. Calls never overlap (the only import, `log`, cannot call back).
+    pub struct RouterCell<S>(RefCell<S>);
+
+    impl<S: Strategy> Guest for Component<S> {
+        type Router = RouterCell<S>;
+
+        fn info() -> StrategyInfo {
+            S::info()
+        }
+
+        fn params_schema() -> String {
+            crate::params_schema::<S::Params>().to_string()
+        }
+    }
+
+    impl<S: Strategy> GuestRouter for RouterCell<S> {
+        fn create(model_id: String, params_json: String) -> Result<Router, String> {
+            let params = crate::parse_params::<S::Params>(&params_json)?;
+            let strategy = S::create(&model_id, params)?;
+            Ok(Router::new(RouterCell(RefCell::new(strategy))))
+        }
+
+        fn refresh_route_table(&self, routes: Vec<Route>) {
+            self.0.borrow_mut().refresh_route_table(&routes);
+        }
+
+        fn select(&self, request: Request, candidates: Vec<Candidate>) -> Result<Decision, String> {
+            self.0.borrow_mut().select(&request, &candidates)
+        }
+
+        fn observe(&self, observation: Observation) {
+            self.0.borrow_mut().observe(&observation);
+        }
+
+        fn status(&self) -> String {
+            self.0.borrow().status()
+        }
+
+        fn tick(&self, now_ms: u64) {
+            self.0.borrow_mut().tick(now_ms);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_version_matches_the_wit_package() {
+        let wit = include_str!("../../wit/since_v0.1.0/router.wit");
+        assert!(wit.contains(&format!("package switchyard:router@{API_VERSION};")));
+        assert_eq!(&__private::API_VERSION_BYTES, API_VERSION.as_bytes());
+    }
+
+    #[test]
+    fn log_is_a_no_op_natively() {
+        log(LogLevel::Info, "hello");
+    }
+
+    #[test]
+    fn decision_builders() {
+        let decision = Decision::new(vec![2, 0]).with_metadata("m");
+        assert_eq!(decision.order, vec![2, 0]);
+        assert_eq!(decision.strategy_metadata, "m");
+    }
+}

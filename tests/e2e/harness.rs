@@ -1,0 +1,215 @@
+//! Starting the real `switchyard` binary and real mock upstreams on free loopback ports.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+
+pub fn binary() -> &'static str {
+    env!("CARGO_BIN_EXE_switchyard")
+}
+
+/// The cargo target dir the binary was built into (`target/debug/switchyard` → `target`).
+pub fn target_dir() -> PathBuf {
+    Path::new(binary())
+        .parent()
+        .and_then(Path::parent)
+        .expect("binary lives in <target>/<profile>/")
+        .to_owned()
+}
+
+/// A component built by `cargo xtask build-strategies`: built-ins under `strategies/`, the
+/// deliberately bad test components under `strategies-testing/`.
+pub fn component(folder: &str, name: &str) -> PathBuf {
+    let path = target_dir().join(folder).join(format!("{name}.wasm"));
+    assert!(
+        path.is_file(),
+        "{} is missing: run `cargo xtask build-strategies` first (the README's test command does)",
+        path.display()
+    );
+    path
+}
+
+fn configure(cmd: &mut Command) {
+    cmd.env("SWITCHYARD_CACHE_DIR", target_dir().join("wasmtime-cache"))
+        .env(
+            "SWITCHYARD_BUILTIN_STRATEGIES",
+            target_dir().join("strategies"),
+        )
+        .env_remove("SWITCHYARD_CONFIG")
+        .env("RUST_LOG", "info,switchyard=debug");
+}
+
+/// Reads the child's first stdout line (`... listening on http://ADDR`) and returns the port.
+fn read_port(child: &mut Child, what: &str) -> u16 {
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .unwrap_or_else(|e| panic!("{what}: reading its first line: {e}"));
+    let addr = line
+        .trim()
+        .rsplit("http://")
+        .next()
+        .unwrap_or_else(|| panic!("{what}: unexpected first line {line:?}"));
+    addr.rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("{what} did not announce its address; first line: {line:?}"))
+}
+
+/// A running `switchyard mock-upstream`.
+pub struct Mock {
+    pub port: u16,
+    child: Child,
+}
+
+impl Mock {
+    pub fn start(extra: &[&str]) -> Mock {
+        let mut cmd = Command::new(binary());
+        cmd.args(["mock-upstream", "--port", "0"]).args(extra);
+        configure(&mut cmd);
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn mock-upstream");
+        let port = read_port(&mut child, "mock-upstream");
+        Mock { port, child }
+    }
+
+    /// The base URL a route points at.
+    pub fn base_url(&self) -> String {
+        format!("http://127.0.0.1:{}/v1", self.port)
+    }
+
+    pub async fn stats(&self) -> serde_json::Value {
+        reqwest::get(format!("http://127.0.0.1:{}/_mock/stats", self.port))
+            .await
+            .expect("mock stats")
+            .json()
+            .await
+            .expect("mock stats JSON")
+    }
+
+    pub async fn chat_requests(&self) -> u64 {
+        self.stats().await["chat_requests"].as_u64().unwrap_or(0)
+    }
+
+    pub async fn behave(&self, behaviour: serde_json::Value) {
+        let status = reqwest::Client::new()
+            .post(format!("http://127.0.0.1:{}/_mock/behaviour", self.port))
+            .json(&behaviour)
+            .send()
+            .await
+            .expect("mock behaviour")
+            .status();
+        assert!(
+            status.is_success(),
+            "mock refused behaviour {behaviour}: {status}"
+        );
+    }
+
+    /// Ends the process, as a crashed upstream would.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Mock {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A running `switchyard serve` with a config written to a temporary folder.
+pub struct Gateway {
+    pub port: u16,
+    child: Child,
+    pub dir: tempfile::TempDir,
+}
+
+impl Gateway {
+    /// Starts the gateway on port 0 with `models_yaml` (the `models:` section and anything else
+    /// after `server`/`database`).
+    pub fn start(body_yaml: &str) -> Gateway {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = write_config(dir.path(), body_yaml);
+        let mut cmd = Command::new(binary());
+        cmd.args(["serve", "--config"])
+            .arg(&config)
+            .args(["--listen", "127.0.0.1:0"]);
+        configure(&mut cmd);
+        let log = std::fs::File::create(dir.path().join("gateway.log")).expect("log file");
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("spawn switchyard serve");
+        let port = read_port(&mut child, "switchyard serve");
+        Gateway { port, child, dir }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    /// Everything the gateway logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("gateway.log")).unwrap_or_default()
+    }
+
+    pub async fn chat(&self, body: serde_json::Value) -> (u16, serde_json::Value) {
+        let response = reqwest::Client::new()
+            .post(self.url("/v1/chat/completions"))
+            .json(&body)
+            .send()
+            .await
+            .expect("gateway reachable");
+        let status = response.status().as_u16();
+        let text = response.text().await.expect("body");
+        let json = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("gateway answered non-JSON ({e}): {text}"));
+        (status, json)
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("--- gateway log ---\n{}", self.log());
+        }
+    }
+}
+
+/// Writes `config.yaml` with a SQLite file in `dir` and returns its path.
+pub fn write_config(dir: &Path, body_yaml: &str) -> PathBuf {
+    let path = dir.join("config.yaml");
+    let text = format!(
+        "server:\n  listen: \"127.0.0.1:0\"\ndatabase:\n  url: \"sqlite://{}\"\n{body_yaml}",
+        dir.join("switchyard.db").display()
+    );
+    std::fs::write(&path, text).expect("write config");
+    path
+}
+
+/// Runs `switchyard check` on a config body.
+pub fn check(body_yaml: &str) -> Output {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write_config(dir.path(), body_yaml);
+    let mut cmd = Command::new(binary());
+    cmd.args(["check", "--config"]).arg(&config);
+    configure(&mut cmd);
+    cmd.output().expect("run switchyard check")
+}
+
+/// A minimal chat request body.
+pub fn chat_body(model: &str, stream: bool) -> serde_json::Value {
+    serde_json::json!({
+        "model": model,
+        "stream": stream,
+        "messages": [{ "role": "user", "content": "Say hello." }],
+    })
+}

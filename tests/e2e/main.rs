@@ -1,0 +1,13 @@
+//! End-to-end tests: the real `switchyard` binary, real mock upstreams on loopback, real SQLite.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)]
+
+mod harness;
+
+mod config_errors;
+mod proxy;
+mod strategies;

@@ -1,0 +1,206 @@
+//! The wasm strategy host against real components: the contract suite on the built-ins, and the
+//! deliberately bad components proving the deadline, the memory cap and the fallback to declared order.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use switchyard::strategy::{
+    Candidate, CircuitState, Modalities, ModelRouter, Request, StrategyEngine, StrategyError,
+    StrategyLimits, catalog, contract,
+};
+
+use crate::harness::{Gateway, Mock, chat_body, component};
+
+fn engine() -> StrategyEngine {
+    StrategyEngine::new(StrategyLimits {
+        call_timeout: Duration::from_millis(20),
+        memory_limit_bytes: 64 << 20,
+    })
+    .unwrap()
+}
+
+async fn router(engine: &StrategyEngine, name: &str) -> ModelRouter {
+    let strategy = Arc::new(
+        catalog::load(engine, &component("strategies-testing", name))
+            .await
+            .unwrap(),
+    );
+    ModelRouter::new(engine, strategy, "m", &serde_json::json!({}), vec![])
+        .await
+        .unwrap()
+}
+
+fn request() -> Request {
+    Request {
+        caller_hash: 1,
+        prompt_tokens: 10,
+        max_tokens: None,
+        stream: false,
+        modalities: Modalities::empty(),
+        seed: 42,
+        now_ms: 0,
+    }
+}
+
+fn candidates() -> Vec<Candidate> {
+    (0..2)
+        .map(|i| Candidate {
+            index: i,
+            weight: 1.0,
+            priority: 0,
+            availability: 1.0,
+            circuit: CircuitState::Closed,
+            prefill_backlog_tokens: 0,
+            inflight_elephants: 0,
+            uncached_prompt_tokens: 10,
+            ttft_ms: None,
+            latency_ms: None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn builtin_strategies_pass_the_contract() {
+    let engine = engine();
+    for name in ["fixed", "round_robin"] {
+        let report = contract::run(
+            &engine,
+            &component("strategies", name),
+            &serde_json::json!({}),
+        )
+        .await;
+        assert!(report.passed(), "{name}: {report:#?}");
+    }
+}
+
+#[tokio::test]
+async fn the_contract_catches_a_broken_strategy() {
+    let report = contract::run(
+        &engine(),
+        &component("strategies-testing", "trap_on_select"),
+        &serde_json::json!({}),
+    )
+    .await;
+    assert!(!report.passed());
+    let failed: Vec<_> = report
+        .checks
+        .iter()
+        .filter(|c| !c.passed)
+        .map(|c| c.name)
+        .collect();
+    assert!(
+        failed.contains(&"select never fails on valid input"),
+        "{failed:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_endless_loop_hits_the_deadline_and_the_instance_recovers() {
+    let engine = engine();
+    let r = router(&engine, "spin_forever").await;
+    let started = Instant::now();
+    let err = r.select(&request(), &candidates()).await.unwrap_err();
+    let took = started.elapsed();
+    assert!(matches!(err, StrategyError::Trap { .. }), "{err}");
+    assert!(
+        err.to_string().contains("exceeded its deadline of 20 ms"),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("test-spin-forever"),
+        "errors name the strategy: {err}"
+    );
+    assert!(
+        took < Duration::from_secs(2),
+        "the deadline cut the loop off ({took:?})"
+    );
+    // The dead instance is replaced on the next call.
+    let _ = r.select(&request(), &candidates()).await;
+    assert_eq!(r.stats.resets.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert_eq!(
+        r.stats.failures.load(std::sync::atomic::Ordering::Relaxed),
+        2
+    );
+}
+
+#[tokio::test]
+async fn a_gigabyte_allocation_hits_the_memory_cap() {
+    let engine = engine();
+    let r = router(&engine, "allocate_gigabyte").await;
+    let err = r.select(&request(), &candidates()).await.unwrap_err();
+    assert!(matches!(err, StrategyError::Trap { .. }), "{err}");
+    assert!(err.to_string().contains("memory cap of 64 MiB"), "{err}");
+}
+
+#[tokio::test]
+async fn a_panic_is_a_trap_with_the_guest_message() {
+    let engine = engine();
+    let r = router(&engine, "trap_on_select").await;
+    let err = r
+        .select(&request(), &candidates())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("select failed"), "{err}");
+    assert!(
+        err.contains("panicked"),
+        "the guest's panic message is kept: {err}"
+    );
+}
+
+#[tokio::test]
+async fn core_modules_and_garbage_are_rejected_with_a_clear_reason() {
+    let engine = engine();
+    let dir = tempfile::tempdir().unwrap();
+    let garbage = dir.path().join("garbage.wasm");
+    std::fs::write(&garbage, b"not wasm at all").unwrap();
+    let err = catalog::load(&engine, &garbage)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("bad magic number"), "{err}");
+    let core = dir.path().join("core.wasm");
+    std::fs::write(&core, b"\0asm\x01\0\0\0").unwrap();
+    let err = catalog::load(&engine, &core).await.unwrap_err().to_string();
+    assert!(err.contains("not a component"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_strategy_falls_back_to_declared_order_and_spares_other_models() {
+    let a = Mock::start(&[]);
+    let b = Mock::start(&[]);
+    let gw_dir = tempfile::tempdir().unwrap();
+    for name in ["trap_on_select", "spin_forever"] {
+        std::fs::copy(
+            component("strategies-testing", name),
+            gw_dir.path().join(format!("{name}.wasm")),
+        )
+        .unwrap();
+    }
+    let routes = format!(
+        "    route:\n      - kind: openai_compat\n        base_url: {}\n      - kind: openai_compat\n        base_url: {}\n",
+        a.base_url(),
+        b.base_url()
+    );
+    let gw = Gateway::start(&format!(
+        "strategies:\n  dir: {}\n  call_timeout_ms: 10\nmodels:\n  - id: broken\n    router: test-trap-on-select\n{routes}  - id: looping\n    router: test-spin-forever\n{routes}  - id: healthy\n    router: round_robin\n{routes}",
+        gw_dir.path().display()
+    ));
+    for _ in 0..5 {
+        let (status, body) = gw.chat(chat_body("broken", false)).await;
+        assert_eq!(status, 200, "{body}");
+        let (status, body) = gw.chat(chat_body("looping", false)).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    // Declared order: the first route is the primary every time.
+    assert_eq!(a.chat_requests().await, 10);
+    assert_eq!(b.chat_requests().await, 0);
+    for _ in 0..4 {
+        assert_eq!(gw.chat(chat_body("healthy", false)).await.0, 200);
+    }
+    assert_eq!(a.chat_requests().await, 12, "round robin alternates");
+    assert_eq!(b.chat_requests().await, 2);
+    let log = gw.log();
+    assert!(log.contains("strategy failure"), "{log}");
+    assert!(log.contains("exceeded its deadline"), "{log}");
+}

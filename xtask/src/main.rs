@@ -1,0 +1,305 @@
+//! Repository chores: `cargo xtask <command>`.
+//!
+//! - `build-strategies`: builds every strategy component for `wasm32-wasip2` with the `wasm` profile and
+//!   copies them to `<target>/strategies/<name>.wasm` (built-ins) and
+//!   `<target>/strategies-testing/<name>.wasm` (deliberately broken test components), where `<target>` is
+//!   Cargo's target directory (`CARGO_TARGET_DIR`, else `<workspace>/target`).
+//! - `demo`: builds everything, starts two mock upstreams on 127.0.0.1:9001/9002 and serves
+//!   `config/switchyard.yaml` in the foreground (Ctrl-C stops all three).
+//! - `ci`: every check CI runs: fmt, clippy (host and wasm targets) with `-D warnings`, the strategy
+//!   build, and every test of the workspace.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+
+const WASM_TARGET: &str = "wasm32-wasip2";
+const WASM_PROFILE: &str = "wasm";
+
+/// A strategy crate and where its component goes.
+struct Component {
+    package: &'static str,
+    dir: &'static str,
+    file: &'static str,
+}
+
+const COMPONENTS: &[Component] = &[
+    Component {
+        package: "strategy-fixed",
+        dir: "strategies",
+        file: "fixed.wasm",
+    },
+    Component {
+        package: "strategy-round-robin",
+        dir: "strategies",
+        file: "round_robin.wasm",
+    },
+    Component {
+        package: "strategy-spin-forever",
+        dir: "strategies-testing",
+        file: "spin_forever.wasm",
+    },
+    Component {
+        package: "strategy-allocate-gigabyte",
+        dir: "strategies-testing",
+        file: "allocate_gigabyte.wasm",
+    },
+    Component {
+        package: "strategy-trap-on-select",
+        dir: "strategies-testing",
+        file: "trap_on_select.wasm",
+    },
+];
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("build-strategies") if args.len() == 1 => build_strategies(),
+        Some("demo") if args.len() == 1 => demo(),
+        Some("ci") if args.len() == 1 => ci(),
+        _ => {
+            eprintln!("usage: cargo xtask <build-strategies | demo | ci>");
+            std::process::exit(2);
+        }
+    }
+}
+
+/// Runs a cargo command to completion, failing with its description.
+fn run_cargo(args: &[&str], what: &str) -> Result<()> {
+    eprintln!("==> {what}: cargo {}", args.join(" "));
+    let status = cargo()
+        .args(args)
+        .status()
+        .with_context(|| format!("running {what}"))?;
+    if !status.success() {
+        bail!("{what} failed ({status})");
+    }
+    Ok(())
+}
+
+fn ci() -> Result<()> {
+    ensure_wasm_target()?;
+    run_cargo(&["fmt", "--all", "--check"], "format check")?;
+    run_cargo(
+        &[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ],
+        "clippy (host)",
+    )?;
+    let mut wasm_clippy = vec!["clippy", "--target", WASM_TARGET, "-p", "switchyard-sdk"];
+    for component in COMPONENTS {
+        wasm_clippy.extend(["-p", component.package]);
+    }
+    wasm_clippy.extend(["--", "-D", "warnings"]);
+    run_cargo(&wasm_clippy, "clippy (wasm32-wasip2)")?;
+    build_strategies()?;
+    run_cargo(&["test", "--workspace", "--no-fail-fast"], "tests")?;
+    eprintln!("==> all checks passed");
+    Ok(())
+}
+
+/// Kills the wrapped child when dropped, so the demo's mock upstreams never outlive it.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn demo() -> Result<()> {
+    build_strategies()?;
+    run_cargo(&["build", "-p", "switchyard"], "build the gateway")?;
+    let binary = target_dir()?.join("debug").join("switchyard");
+    let root = workspace_root();
+    let mock = |port: &str, model: &str| -> Result<KillOnDrop> {
+        let child = Command::new(&binary)
+            .args(["mock-upstream", "--port", port, "--model", model])
+            .args(["--ttft-ms", "40", "--tokens-per-s", "60"])
+            .current_dir(&root)
+            .stdout(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting mock upstream on port {port}"))?;
+        Ok(KillOnDrop(child))
+    };
+    let _small = mock("9001", "sim-small")?;
+    let _large = mock("9002", "sim-large")?;
+    eprintln!("==> mock upstreams on 127.0.0.1:9001 and 127.0.0.1:9002");
+    let status = Command::new(&binary)
+        .args(["serve", "--config", "config/switchyard.yaml"])
+        .current_dir(&root)
+        .status()
+        .context("starting switchyard serve")?;
+    if !status.success() {
+        bail!("switchyard serve exited ({status})");
+    }
+    Ok(())
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+}
+
+fn cargo() -> Command {
+    let mut command = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    command.current_dir(workspace_root());
+    command
+}
+
+fn build_strategies() -> Result<()> {
+    ensure_wasm_target()?;
+    let target_dir = target_dir()?;
+
+    let mut build = cargo();
+    build.args(["build", "--target", WASM_TARGET, "--profile", WASM_PROFILE]);
+    build.arg("--message-format=json-render-diagnostics");
+    for component in COMPONENTS {
+        build.args(["-p", component.package]);
+    }
+    // Diagnostics and progress go straight to the terminal; stdout carries the JSON messages.
+    let output = build
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running cargo build")?;
+    if !output.status.success() {
+        bail!("cargo build for {WASM_TARGET} failed ({})", output.status);
+    }
+    let stdout = String::from_utf8(output.stdout).context("cargo's JSON messages are not UTF-8")?;
+    let artifacts = wasm_artifacts(&stdout);
+
+    for component in COMPONENTS {
+        let built = artifacts
+            .iter()
+            .find(|(package, _)| package == component.package)
+            .map(|(_, path)| path)
+            .with_context(|| format!("cargo reported no .wasm for {}", component.package))?;
+        check_component(built)?;
+        let dir = target_dir.join(component.dir);
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let dest = dir.join(component.file);
+        std::fs::copy(built, &dest)
+            .with_context(|| format!("copying {} to {}", built.display(), dest.display()))?;
+        let size = std::fs::metadata(&dest)
+            .map(|m| m.len())
+            .unwrap_or_default();
+        eprintln!(
+            "{:>28} -> {} ({size} bytes)",
+            component.package,
+            dest.display()
+        );
+    }
+    Ok(())
+}
+
+/// `rustup target add` is a no-op when the target is installed. Without rustup (a distro toolchain), the
+/// build itself reports a missing target.
+fn ensure_wasm_target() -> Result<()> {
+    let status = Command::new("rustup")
+        .args(["target", "add", WASM_TARGET])
+        .current_dir(workspace_root())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    match status {
+        Ok(status) if status.success() => Ok(()),
+        Ok(status) => bail!("`rustup target add {WASM_TARGET}` failed ({status})"),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            eprintln!("rustup not found; assuming {WASM_TARGET} is installed");
+            Ok(())
+        }
+        Err(error) => Err(error).context("running rustup"),
+    }
+}
+
+/// Cargo's own answer (honours `CARGO_TARGET_DIR` and config; `<workspace>/target` by default).
+fn target_dir() -> Result<PathBuf> {
+    let output = cargo()
+        .args(["metadata", "--format-version", "1", "--no-deps"])
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running cargo metadata")?;
+    if !output.status.success() {
+        bail!("cargo metadata failed ({})", output.status);
+    }
+    let metadata: Value =
+        serde_json::from_slice(&output.stdout).context("parsing cargo metadata")?;
+    metadata["target_directory"]
+        .as_str()
+        .map(PathBuf::from)
+        .context("cargo metadata has no target_directory")
+}
+
+/// `(package name, path)` of every `.wasm` cdylib in cargo's JSON messages.
+fn wasm_artifacts(messages: &str) -> Vec<(String, PathBuf)> {
+    let mut artifacts = Vec::new();
+    for line in messages.lines() {
+        let Ok(message) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        if message["reason"] != "compiler-artifact" {
+            continue;
+        }
+        let is_cdylib = message["target"]["kind"]
+            .as_array()
+            .is_some_and(|kinds| kinds.iter().any(|k| k == "cdylib"));
+        if !is_cdylib {
+            continue;
+        }
+        let Some(package) = package_name(&message) else {
+            continue;
+        };
+        let wasm = message["filenames"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .find(|f| f.ends_with(".wasm"));
+        if let Some(wasm) = wasm {
+            artifacts.push((package, PathBuf::from(wasm)));
+        }
+    }
+    artifacts
+}
+
+/// The package name from a message's `manifest_path` (`.../<crate dir>/Cargo.toml`) is ambiguous, so read
+/// it from the package id: `path+file:///.../dir#name@0.1.0` (or `...#0.1.0` when name == dir).
+fn package_name(message: &Value) -> Option<String> {
+    let id = message["package_id"].as_str()?;
+    let (url, fragment) = id.rsplit_once('#')?;
+    match fragment.rsplit_once('@') {
+        Some((name, _version)) => Some(name.to_owned()),
+        None => url.rsplit('/').next().map(str::to_owned),
+    }
+}
+
+/// A component starts with `\0asm`, then version 0x0d and layer 1 (a core module has layer 0).
+fn check_component(path: &Path) -> Result<()> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    if bytes.get(..8) != Some(b"\0asm\x0d\x00\x01\x00".as_slice()) {
+        bail!("{} is not a WebAssembly component", path.display());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn package_names_from_ids() {
+        let named = serde_json::json!({"package_id": "path+file:///w/strategies/fixed#strategy-fixed@0.1.0"});
+        assert_eq!(package_name(&named).as_deref(), Some("strategy-fixed"));
+        let plain = serde_json::json!({"package_id": "path+file:///w/xtask#0.1.0"});
+        assert_eq!(package_name(&plain).as_deref(), Some("xtask"));
+    }
+}
