@@ -5,7 +5,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::RwLock;
+use std::collections::HashSet;
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::routing::health::HealthRegistry;
+use crate::routing::policy::Overrides;
 
 use crate::config::Config;
 use crate::routing::table::{RouteTable, RouteTableError};
@@ -86,6 +91,13 @@ pub struct Gateway {
     pub config: Config,
     pub routing_engine: StrategyEngine,
     pub catalog: StrategyCatalog,
+    pub health: Arc<HealthRegistry>,
+    /// Runtime weight overrides and disables from the admin API.
+    overrides: Mutex<Overrides>,
+    /// Origins of local deployments whose `/health` check is failing.
+    unhealthy_origins: Mutex<HashSet<String>>,
+    /// Serialises table rebuilds so two admin changes cannot interleave their pushes.
+    rebuild: tokio::sync::Mutex<()>,
     table: RwLock<Arc<RouteTable>>,
     upstreams: UpstreamClient,
     pub store: Option<Store>,
@@ -101,6 +113,10 @@ impl Gateway {
         let upstreams = UpstreamClient::new(&config.upstream)?;
         let api_log = store.clone().map(ApiLog::start);
         Ok(Gateway {
+            health: Arc::new(HealthRegistry::new(config.health)),
+            overrides: Mutex::new(Overrides::default()),
+            unhealthy_origins: Mutex::new(HashSet::new()),
+            rebuild: tokio::sync::Mutex::new(()),
             routing_engine: routing.engine,
             catalog: routing.catalog,
             table: RwLock::new(Arc::new(routing.table)),
@@ -131,6 +147,123 @@ impl Gateway {
 
     pub fn upstreams(&self) -> &UpstreamClient {
         &self.upstreams
+    }
+
+    /// The current runtime overrides.
+    pub fn overrides(&self) -> Overrides {
+        self.overrides.lock().clone()
+    }
+
+    /// Applies `change` to the runtime overrides, rebuilds the effective table and pushes the new
+    /// route tables to every strategy whose routes changed. No restart.
+    pub async fn update_overrides(&self, change: impl FnOnce(&mut Overrides)) {
+        let _serial = self.rebuild.lock().await;
+        change(&mut self.overrides.lock());
+        self.rebuild_table().await;
+    }
+
+    /// Marks a local deployment's origin healthy or not; rebuilds when that changes anything.
+    pub async fn set_origin_health(&self, origin: &str, healthy: bool) {
+        let _serial = self.rebuild.lock().await;
+        let changed = {
+            let mut unhealthy = self.unhealthy_origins.lock();
+            if healthy {
+                unhealthy.remove(origin)
+            } else {
+                unhealthy.insert(origin.to_owned())
+            }
+        };
+        if changed {
+            self.rebuild_table().await;
+        }
+    }
+
+    async fn rebuild_table(&self) {
+        let overrides = self.overrides.lock().clone();
+        let unhealthy = self.unhealthy_origins.lock().clone();
+        let old = self.table();
+        let new =
+            Arc::new(old.with_policy(&overrides, &unhealthy, self.config.routing.local_fraction));
+        *self.table.write() = new.clone();
+        for (before, after) in old.models().zip(new.models()) {
+            let weights = |m: &crate::routing::table::ModelEntry| {
+                m.routes().iter().map(|r| r.weight).collect::<Vec<_>>()
+            };
+            if weights(before) != weights(after) {
+                let routes = crate::routing::table::wit_routes(after.routes());
+                if let Err(e) = after.router.refresh_route_table(routes).await {
+                    tracing::warn!(model = %after.id(), "pushing the new route table failed: {e}");
+                }
+            }
+        }
+    }
+
+    /// Polls each local deployment's origin `/health` (any `/v1` path is dropped) at the configured
+    /// interval. A failing deployment gets weight 0 until it passes again; never-probed counts as
+    /// healthy. Five failures in a row log one warning and a recovery after that logs once, so a
+    /// healthy fleet logs nothing.
+    pub fn spawn_health_checks(self: &Arc<Self>) {
+        let Some(check) = self.config.routing.health_check else {
+            return;
+        };
+        let mut origins: Vec<String> = self
+            .table()
+            .models()
+            .flat_map(|m| m.routes().iter())
+            .filter(|r| r.local_deployment)
+            .filter_map(|r| crate::routing::policy::origin(&r.base_url))
+            .collect();
+        origins.sort();
+        origins.dedup();
+        if origins.is_empty() {
+            return;
+        }
+        let client = match reqwest::Client::builder().timeout(check.timeout).build() {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!("health checks disabled: {e}");
+                return;
+            }
+        };
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            const WARN_AFTER: u32 = 5;
+            let mut failures: std::collections::HashMap<String, u32> = Default::default();
+            let mut timer = tokio::time::interval(check.interval);
+            timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                timer.tick().await;
+                let Some(gateway) = weak.upgrade() else {
+                    return;
+                };
+                let probes = origins.iter().map(|origin| {
+                    let client = client.clone();
+                    async move {
+                        let ok = client
+                            .get(format!("{origin}/health"))
+                            .send()
+                            .await
+                            .is_ok_and(|r| r.status() == reqwest::StatusCode::OK);
+                        (origin, ok)
+                    }
+                });
+                for (origin, ok) in futures::future::join_all(probes).await {
+                    let run = failures.entry(origin.clone()).or_insert(0);
+                    if ok {
+                        if *run >= WARN_AFTER {
+                            tracing::info!(origin = %origin, "local deployment passes its health check again");
+                        }
+                        *run = 0;
+                    } else {
+                        *run += 1;
+                        if *run == WARN_AFTER {
+                            tracing::warn!(origin = %origin, "local deployment failed its health check {WARN_AFTER} times in a row; it gets no traffic until it passes");
+                        }
+                    }
+                    gateway.set_origin_health(origin, ok).await;
+                }
+            }
+        });
     }
 
     /// Calls every router's `tick` at the configured interval, for strategies with time-based state.

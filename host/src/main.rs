@@ -178,6 +178,7 @@ async fn serve(config_path: &Path, listen: Option<String>) -> anyhow::Result<()>
     let listen = listen.unwrap_or_else(|| config.server.listen.clone());
     let gateway = Arc::new(Gateway::new(config, routing, Some(store))?);
     gateway.spawn_ticker();
+    gateway.spawn_health_checks();
     let listener = tokio::net::TcpListener::bind(&listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;

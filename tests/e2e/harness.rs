@@ -184,11 +184,12 @@ impl Drop for Gateway {
     }
 }
 
-/// Writes `config.yaml` with a SQLite file in `dir` and returns its path.
+/// Writes `config.yaml` with a SQLite file in `dir` and returns its path. The listen address comes
+/// from `--listen`, so `body_yaml` may have its own `server:` section.
 pub fn write_config(dir: &Path, body_yaml: &str) -> PathBuf {
     let path = dir.join("config.yaml");
     let text = format!(
-        "server:\n  listen: \"127.0.0.1:0\"\ndatabase:\n  url: \"sqlite://{}\"\n{body_yaml}",
+        "database:\n  url: \"sqlite://{}\"\n{body_yaml}",
         dir.join("switchyard.db").display()
     );
     std::fs::write(&path, text).expect("write config");

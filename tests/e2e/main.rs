@@ -9,5 +9,7 @@
 mod harness;
 
 mod config_errors;
+mod health;
+mod pipeline;
 mod proxy;
 mod strategies;

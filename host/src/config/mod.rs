@@ -59,12 +59,14 @@ pub struct Config {
     pub strategies: StrategiesConfig,
     pub routing: RoutingConfig,
     pub upstream: UpstreamConfig,
+    pub health: crate::routing::health::HealthConfig,
     pub models: Vec<ModelConfig>,
 }
 
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     pub listen: String,
+    pub admin_token: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -79,6 +81,15 @@ pub struct StrategiesConfig {
 #[derive(Debug, Clone)]
 pub struct RoutingConfig {
     pub default_router: String,
+    pub public_routing_endpoint: bool,
+    pub local_fraction: Option<f64>,
+    pub health_check: Option<HealthCheckConfig>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct HealthCheckConfig {
+    pub interval: Duration,
+    pub timeout: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -111,7 +122,13 @@ pub struct RouteConfig {
     pub base_url: String,
     pub provider_model_id: String,
     pub api_key: Option<String>,
+    /// The effective weight: declared, then rewritten by policy, overrides, disables and health
+    /// checks (see `routing::policy`).
     pub weight: f64,
+    /// The weight written in the config.
+    pub declared_weight: f64,
+    /// Why `weight` is 0, when it was set to 0 by something other than the config.
+    pub weight_note: Option<&'static str>,
     pub priority: i32,
     pub input_modalities: Vec<String>,
     pub pricing: Option<raw::RawPricing>,
@@ -143,7 +160,7 @@ impl Config {
             }
         })?;
         let raw = parse(path, &text)?;
-        validate(path, raw)
+        validate(path, raw, env)
     }
 
     /// Resolves a path written in the config relative to the config file's folder.
@@ -188,7 +205,11 @@ fn parse(path: &Path, text: &str) -> Result<raw::RawConfig, ConfigError> {
     })
 }
 
-fn validate(path: &Path, raw: raw::RawConfig) -> Result<Config, ConfigError> {
+fn validate(
+    path: &Path,
+    raw: raw::RawConfig,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Config, ConfigError> {
     let invalid = |key: String, message: String| ConfigError::Invalid {
         file: path.to_owned(),
         path: key,
@@ -284,6 +305,8 @@ fn validate(path: &Path, raw: raw::RawConfig) -> Result<Config, ConfigError> {
                 provider_model_id: r.provider_model_id.unwrap_or_else(|| m.id.clone()),
                 api_key: r.api_key.filter(|k| !k.is_empty()),
                 weight: r.weight,
+                declared_weight: r.weight,
+                weight_note: None,
                 priority: r.priority,
                 input_modalities: r.input_modalities.unwrap_or_else(|| vec!["text".into()]),
                 pricing: r.pricing,
@@ -305,12 +328,41 @@ fn validate(path: &Path, raw: raw::RawConfig) -> Result<Config, ConfigError> {
         });
     }
 
+    let health = health_config(path, &raw.health, env)?;
+    if let Some(lf) = raw.routing.local_fraction
+        && !(0.0..=1.0).contains(&lf)
+    {
+        return Err(invalid(
+            "routing.local_fraction".into(),
+            format!("must be between 0 and 1, got {lf}"),
+        ));
+    }
+    let health_check = match &raw.routing.health_check {
+        Some(h) if !h.interval_seconds.is_finite() || h.interval_seconds < 0.0 => {
+            return Err(invalid(
+                "routing.health_check.interval_seconds".into(),
+                format!(
+                    "must be a number of seconds >= 0, got {}",
+                    h.interval_seconds
+                ),
+            ));
+        }
+        Some(h) if h.interval_seconds > 0.0 => Some(HealthCheckConfig {
+            interval: Duration::from_secs_f64(h.interval_seconds),
+            timeout: Duration::from_millis(h.timeout_ms.unwrap_or(2000)),
+        }),
+        _ => None,
+    };
+    let admin_token = env("SWITCHYARD_ADMIN_TOKEN")
+        .or(raw.server.admin_token)
+        .filter(|t| !t.trim().is_empty());
     let s = raw.strategies;
     let u = raw.upstream;
     Ok(Config {
         source: path.to_owned(),
         server: ServerConfig {
             listen: raw.server.listen,
+            admin_token,
         },
         database_url: raw.database.url,
         strategies: StrategiesConfig {
@@ -323,13 +375,101 @@ fn validate(path: &Path, raw: raw::RawConfig) -> Result<Config, ConfigError> {
                 ms => Some(Duration::from_millis(ms)),
             },
         },
-        routing: RoutingConfig { default_router },
+        routing: RoutingConfig {
+            default_router,
+            public_routing_endpoint: raw.routing.public_routing_endpoint,
+            local_fraction: raw.routing.local_fraction,
+            health_check,
+        },
+        health,
         upstream: UpstreamConfig {
             connect_timeout: Duration::from_millis(u.connect_timeout_ms.unwrap_or(2000)),
             first_byte_timeout: Duration::from_secs(u.first_byte_timeout_seconds.unwrap_or(300)),
             request_timeout: Duration::from_secs(u.request_timeout_seconds.unwrap_or(600)),
         },
         models,
+    })
+}
+
+/// Breaker knobs: environment first, then the config file, then defaults.
+fn health_config(
+    path: &Path,
+    raw: &raw::RawHealth,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<crate::routing::health::HealthConfig, ConfigError> {
+    fn pick<T: std::str::FromStr + Copy>(
+        path: &Path,
+        env: &dyn Fn(&str) -> Option<String>,
+        var: &str,
+        file: Option<T>,
+        default: T,
+    ) -> Result<T, ConfigError> {
+        match env(var).filter(|v| !v.trim().is_empty()) {
+            Some(v) => v.trim().parse().map_err(|_| ConfigError::Invalid {
+                file: path.to_owned(),
+                path: format!("environment variable {var}"),
+                message: format!("`{v}` is not a valid value"),
+            }),
+            None => Ok(file.unwrap_or(default)),
+        }
+    }
+    let d = crate::routing::health::HealthConfig::default();
+    let threshold = pick(
+        path,
+        env,
+        "CIRCUIT_FAILURE_THRESHOLD",
+        raw.failure_threshold,
+        d.failure_threshold,
+    )?;
+    let cooldown = pick(
+        path,
+        env,
+        "CIRCUIT_COOLDOWN_SECONDS",
+        raw.cooldown_seconds,
+        d.cooldown.as_secs_f64(),
+    )?;
+    let min_availability = pick(
+        path,
+        env,
+        "CIRCUIT_MIN_AVAILABILITY",
+        raw.min_availability,
+        d.min_availability,
+    )?;
+    let alpha = pick(
+        path,
+        env,
+        "ROUTER_HEALTH_EWMA_ALPHA",
+        raw.ewma_alpha,
+        d.ewma_alpha,
+    )?;
+    let bad = |key: &str, message: String| ConfigError::Invalid {
+        file: path.to_owned(),
+        path: format!("health.{key}"),
+        message,
+    };
+    if threshold == 0 {
+        return Err(bad("failure_threshold", "must be at least 1".into()));
+    }
+    if !cooldown.is_finite() || cooldown < 0.0 {
+        return Err(bad(
+            "cooldown_seconds",
+            format!("must be >= 0, got {cooldown}"),
+        ));
+    }
+    if !(0.0..=1.0).contains(&min_availability) {
+        return Err(bad(
+            "min_availability",
+            format!("must be between 0 and 1, got {min_availability}"),
+        ));
+    }
+    if !(alpha > 0.0 && alpha <= 1.0) {
+        return Err(bad("ewma_alpha", format!("must be in (0, 1], got {alpha}")));
+    }
+    Ok(crate::routing::health::HealthConfig {
+        failure_threshold: threshold,
+        cooldown: Duration::from_secs_f64(cooldown),
+        min_availability,
+        ewma_alpha: alpha,
     })
 }
 
@@ -374,6 +514,24 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("models[1] (b).aliases"), "{err}");
+    }
+
+    #[test]
+    fn health_knobs_come_from_env_then_file_then_defaults() {
+        let text = "health:\n  failure_threshold: 5\n  cooldown_seconds: 2\n";
+        let env = |name: &str| (name == "CIRCUIT_FAILURE_THRESHOLD").then(|| "7".to_owned());
+        let c = Config::from_yaml(Path::new("t.yaml"), text, &env).unwrap();
+        assert_eq!(c.health.failure_threshold, 7, "environment wins");
+        assert_eq!(c.health.cooldown, Duration::from_secs(2), "then the file");
+        assert_eq!(c.health.min_availability, 0.7, "then the default");
+        let bad = |name: &str| (name == "ROUTER_HEALTH_EWMA_ALPHA").then(|| "fast".to_owned());
+        let err = Config::from_yaml(Path::new("t.yaml"), "", &bad)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "t.yaml: environment variable ROUTER_HEALTH_EWMA_ALPHA: `fast` is not a valid value"
+        );
     }
 
     #[test]

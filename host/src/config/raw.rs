@@ -20,6 +20,8 @@ pub struct RawConfig {
     #[serde(default)]
     pub upstream: RawUpstream,
     #[serde(default)]
+    pub health: RawHealth,
+    #[serde(default)]
     pub models: Vec<RawModel>,
 }
 
@@ -28,12 +30,15 @@ pub struct RawConfig {
 pub struct RawServer {
     #[serde(default = "default_listen")]
     pub listen: String,
+    /// Bearer token of the admin API; `SWITCHYARD_ADMIN_TOKEN` wins when set.
+    pub admin_token: Option<String>,
 }
 
 impl Default for RawServer {
     fn default() -> Self {
         Self {
             listen: default_listen(),
+            admin_token: None,
         }
     }
 }
@@ -81,14 +86,47 @@ pub struct RawStrategies {
 pub struct RawRouting {
     #[serde(default = "default_router")]
     pub default_router: String,
+    /// Serve `GET /routing` without the admin token (it shows upstream hosts).
+    #[serde(default)]
+    pub public_routing_endpoint: bool,
+    /// Deployment weight policy: local deployments share this fraction of traffic (models whose
+    /// router is `fixed` only).
+    pub local_fraction: Option<f64>,
+    pub health_check: Option<RawHealthCheck>,
 }
 
 impl Default for RawRouting {
     fn default() -> Self {
         Self {
             default_router: default_router(),
+            public_routing_endpoint: false,
+            local_fraction: None,
+            health_check: None,
         }
     }
+}
+
+/// Polls each local deployment's `/health`; a failing one gets weight 0 until it passes again.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHealthCheck {
+    /// 0 disables the loop.
+    pub interval_seconds: f64,
+    pub timeout_ms: Option<u64>,
+}
+
+/// Circuit breaker and availability knobs; the environment variables named on each field win.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHealth {
+    /// `CIRCUIT_FAILURE_THRESHOLD`
+    pub failure_threshold: Option<u32>,
+    /// `CIRCUIT_COOLDOWN_SECONDS`
+    pub cooldown_seconds: Option<f64>,
+    /// `CIRCUIT_MIN_AVAILABILITY`
+    pub min_availability: Option<f64>,
+    /// `ROUTER_HEALTH_EWMA_ALPHA`
+    pub ewma_alpha: Option<f64>,
 }
 
 fn default_router() -> String {

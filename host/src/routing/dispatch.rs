@@ -18,7 +18,8 @@ use crate::protocol::openai_chat::{self, ChatRequest};
 use crate::strategy::{ModelRouter, Observation};
 use crate::upstream::{AttemptError, UpstreamClient};
 
-use super::select::Plan;
+use super::health::{HealthRegistry, Outcome, Ticket};
+use super::select::{Exclusion, Plan};
 use super::table::ModelEntry;
 
 /// One failed attempt, as kept in the attribution and reported when every attempt fails.
@@ -42,11 +43,13 @@ pub struct Attribution {
     pub failed_attempts: Vec<FailedAttempt>,
 }
 
-/// Every route in the plan failed.
+/// Every route in the plan failed or was skipped.
 #[derive(Debug, thiserror::Error)]
 #[error("all {} attempts failed; first: {}", attempts.len(), attempts.first().map(|a| a.error.as_str()).unwrap_or("none"))]
 pub struct DispatchError {
     pub attempts: Vec<FailedAttempt>,
+    /// Routes left out before or during dispatch (open circuits, weight 0, modality).
+    pub excluded: Vec<Exclusion>,
 }
 
 impl DispatchError {
@@ -89,28 +92,54 @@ pub enum Answer {
 /// Tries the plan's routes in order for a Chat Completions request.
 pub async fn chat_completions(
     client: &UpstreamClient,
+    health: &Arc<HealthRegistry>,
     model: &Arc<ModelEntry>,
     request: &ChatRequest,
     plan: Plan,
 ) -> Result<Answer, DispatchError> {
     let mut failed: Vec<FailedAttempt> = Vec::new();
+    let mut excluded = plan.excluded.clone();
     let routes = model.routes();
     for &position in &plan.order {
         let Some(route) = routes.get(position) else {
             continue;
+        };
+        // Every step consults the breaker, so a circuit that opened since selection is skipped
+        // here too; a pinned request goes where the operator said.
+        let ticket = if plan.pinned {
+            Ticket::Normal
+        } else {
+            match health.claim(&route.endpoint_id, Instant::now()) {
+                Some(ticket) => ticket,
+                None => {
+                    excluded.push(Exclusion {
+                        endpoint_id: route.endpoint_id.clone(),
+                        reason: "circuit open".into(),
+                    });
+                    continue;
+                }
+            }
         };
         let started = Instant::now();
         let url = format!("{}/chat/completions", route.base_url);
         let body = openai_chat::upstream_body(request, &route.provider_model_id);
         let attempt = match client.post_json(&url, route.api_key.as_deref(), body).await {
             Ok(response) if request.stream => {
-                open_stream(response, model, route, request, &plan, started).await
+                let outcome = HealthReport {
+                    health: health.clone(),
+                    endpoint_id: route.endpoint_id.clone(),
+                    ticket,
+                };
+                open_stream(response, model, route, request, &plan, started, outcome).await
             }
             Ok(response) => complete(client, response, model, route, request, &plan, started).await,
             Err(e) => Err(e),
         };
         match attempt {
             Ok(answer) => {
+                if matches!(answer, Partial::Complete { .. }) {
+                    health.record(&route.endpoint_id, ticket, Outcome::Success, None);
+                }
                 let attribution = Attribution {
                     provider: route.kind.as_str().to_owned(),
                     base_url: route.base_url.clone(),
@@ -133,6 +162,11 @@ pub async fn chat_completions(
                 });
             }
             Err(e) => {
+                let outcome = match &e {
+                    AttemptError::Status { status, .. } => Outcome::from_status(*status),
+                    _ => Outcome::Failure,
+                };
+                health.record(&route.endpoint_id, ticket, outcome, Some(&e.to_string()));
                 observe(
                     &model.router,
                     route,
@@ -155,7 +189,10 @@ pub async fn chat_completions(
             }
         }
     }
-    Err(DispatchError { attempts: failed })
+    Err(DispatchError {
+        attempts: failed,
+        excluded,
+    })
 }
 
 enum Partial {
@@ -228,6 +265,14 @@ async fn complete(
     })
 }
 
+/// Where a stream reports its health outcome: success at its first token, failure if it breaks
+/// before one, nothing (the probe is released) if the client leaves first.
+struct HealthReport {
+    health: Arc<HealthRegistry>,
+    endpoint_id: String,
+    ticket: Ticket,
+}
+
 async fn open_stream(
     response: reqwest::Response,
     model: &Arc<ModelEntry>,
@@ -235,6 +280,7 @@ async fn open_stream(
     request: &ChatRequest,
     plan: &Plan,
     started: Instant,
+    outcome: HealthReport,
 ) -> Result<Partial, AttemptError> {
     let mut events = response.bytes_stream().eventsource();
     // Until the first event nothing has reached the client, so a failure here can still fall back.
@@ -246,6 +292,7 @@ async fn open_stream(
     let (summary_tx, summary) = tokio::sync::oneshot::channel();
     let mut relay = StreamRelay {
         summary: Some(summary_tx),
+        outcome: Some(outcome),
         upstream: Box::pin(events),
         pending_first: None,
         router: model.router.clone(),
@@ -289,6 +336,8 @@ struct StreamRelay {
     usage: Usage,
     finished: bool,
     summary: Option<tokio::sync::oneshot::Sender<StreamSummary>>,
+    /// Taken once the stream's health outcome is known.
+    outcome: Option<HealthReport>,
 }
 
 impl StreamRelay {
@@ -304,6 +353,11 @@ impl StreamRelay {
         {
             if self.first_token.is_none() && carries_token(&value) {
                 self.first_token = Some(self.started.elapsed().as_secs_f64() * 1000.0);
+                // A content or tool-call delta makes the stream a success; a role delta does not.
+                if let Some(o) = self.outcome.take() {
+                    o.health
+                        .record(&o.endpoint_id, o.ticket, Outcome::Success, None);
+                }
             }
             if let Some(u) = usage_of(&value) {
                 self.usage = u;
@@ -332,6 +386,15 @@ impl StreamRelay {
         }
         self.finished = true;
         let success = error.is_none();
+        if let Some(o) = self.outcome.take() {
+            let outcome = if success {
+                Outcome::Success
+            } else {
+                Outcome::Failure
+            };
+            o.health
+                .record(&o.endpoint_id, o.ticket, outcome, error.as_deref());
+        }
         let latency = self.started.elapsed().as_secs_f64() * 1000.0;
         if let Some(tx) = self.summary.take() {
             let _ = tx.send(StreamSummary {
@@ -408,6 +471,9 @@ impl Drop for StreamRelay {
     fn drop(&mut self) {
         // Dropped before the upstream finished: the client went away. Not the upstream's fault,
         // so the strategy is not told; the request log is.
+        if let Some(o) = self.outcome.take() {
+            o.health.release(&o.endpoint_id, o.ticket);
+        }
         if !self.finished
             && let Some(tx) = self.summary.take()
         {

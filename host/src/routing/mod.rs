@@ -2,5 +2,7 @@
 //! with fallback.
 
 pub mod dispatch;
+pub mod health;
+pub mod policy;
 pub mod select;
 pub mod table;

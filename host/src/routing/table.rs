@@ -3,10 +3,11 @@
 //! Built once from the validated config (and, later, the database); a rebuild produces a new table
 //! that replaces the old one atomically, so a request always sees one consistent version.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::config::{Config, ModelConfig, RouteConfig};
+use crate::routing::policy::{self, Overrides};
 use crate::strategy::bindings::Pricing;
 use crate::strategy::{
     CatalogEntry, ModelRouter, Route, StrategyCatalog, StrategyEngine, StrategyError,
@@ -86,6 +87,13 @@ impl RouteTable {
                 }
                 continue;
             }
+            let mut model = model.clone();
+            policy::apply(
+                &mut model,
+                &Overrides::default(),
+                &HashSet::new(),
+                config.routing.local_fraction,
+            );
             let routes = wit_routes(&model.routes);
             match ModelRouter::new(
                 engine,
@@ -96,7 +104,7 @@ impl RouteTable {
             )
             .await
             {
-                Ok(router) => table.insert(model.clone(), Arc::new(router)),
+                Ok(router) => table.insert(model, Arc::new(router)),
                 Err(StrategyError::Rejected { message, .. }) => problems.push(format!(
                     "{at}.router_params: strategy `{}` rejects the params: {message}",
                     strategy.name
@@ -118,6 +126,23 @@ impl RouteTable {
         self.order.push(config.id.clone());
         self.models
             .insert(config.id.clone(), Arc::new(ModelEntry { config, router }));
+    }
+
+    /// A copy of this table with weights recomputed from `overrides`, failing health checks and
+    /// the deployment policy. Routers are shared; the caller pushes changed tables to them.
+    pub fn with_policy(
+        &self,
+        overrides: &Overrides,
+        unhealthy_origins: &HashSet<String>,
+        local_fraction: Option<f64>,
+    ) -> RouteTable {
+        let mut table = RouteTable::default();
+        for entry in self.models() {
+            let mut config = entry.config.clone();
+            policy::apply(&mut config, overrides, unhealthy_origins, local_fraction);
+            table.insert(config, entry.router.clone());
+        }
+        table
     }
 
     /// Finds a model by id or alias (aliases share the canonical model's router).

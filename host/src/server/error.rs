@@ -4,7 +4,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
 use crate::routing::dispatch::{DispatchError, FailedAttempt};
-use crate::routing::select::{Exclusion, SelectionError};
+use crate::routing::select::{Exclusion, SelectionError, describe};
 
 /// Everything a request can fail with at the gateway.
 #[derive(Debug, thiserror::Error)]
@@ -28,8 +28,11 @@ impl GatewayError {
         match self {
             GatewayError::InvalidBody(_) => StatusCode::BAD_REQUEST,
             GatewayError::ModelNotFound(_) => StatusCode::NOT_FOUND,
+            GatewayError::NoRoute(SelectionError::PinNotFound { .. }) => StatusCode::BAD_REQUEST,
             GatewayError::NoRoute(_) => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::AllAttemptsFailed(e) => match e.primary() {
+                // Nothing was attempted: every route was skipped (open circuits).
+                None => StatusCode::SERVICE_UNAVAILABLE,
                 // The client's own mistake (bad params, context too long) keeps its status; anything
                 // else is the upstream's failure as seen from the client: a bad gateway.
                 Some(a) if (400..500).contains(&a.status) && a.status != 408 && a.status != 429 => {
@@ -55,6 +58,7 @@ impl GatewayError {
             GatewayError::InvalidBody(_) | GatewayError::ModelNotFound(_) => {
                 "invalid_request_error"
             }
+            GatewayError::NoRoute(SelectionError::PinNotFound { .. }) => "invalid_request_error",
             GatewayError::NoRoute(_) => "service_unavailable",
             GatewayError::AllAttemptsFailed(_) => "upstream_error",
         }
@@ -64,6 +68,8 @@ impl GatewayError {
         match self {
             GatewayError::InvalidBody(_) => "invalid_body",
             GatewayError::ModelNotFound(_) => "model_not_found",
+            GatewayError::NoRoute(SelectionError::PinNotFound { .. }) => "pin_not_found",
+            GatewayError::NoRoute(SelectionError::MissingModality { .. }) => "unsupported_modality",
             GatewayError::NoRoute(_) => "no_available_route",
             GatewayError::AllAttemptsFailed(_) => "all_attempts_failed",
         }
@@ -79,12 +85,24 @@ impl GatewayError {
         });
         match self {
             GatewayError::AllAttemptsFailed(e) => {
-                error["message"] = primary_message(&e.attempts).into();
+                error["message"] = if e.attempts.is_empty() {
+                    format!("no route could be attempted: {}", describe(&e.excluded))
+                } else {
+                    primary_message(&e.attempts)
+                }
+                .into();
                 error["attempts"] = serde_json::to_value(&e.attempts).unwrap_or_default();
+                error["excluded"] = serde_json::to_value(&e.excluded).unwrap_or_default();
             }
-            GatewayError::NoRoute(SelectionError::NoAdmissibleRoute { excluded, .. }) => {
+            GatewayError::NoRoute(
+                SelectionError::NoAdmissibleRoute { excluded, .. }
+                | SelectionError::MissingModality { excluded, .. },
+            ) => {
                 error["excluded"] =
                     serde_json::to_value::<&Vec<Exclusion>>(excluded).unwrap_or_default();
+            }
+            GatewayError::NoRoute(SelectionError::PinNotFound { endpoints, .. }) => {
+                error["endpoints"] = serde_json::to_value(endpoints).unwrap_or_default();
             }
             GatewayError::ModelNotFound(_) => error["param"] = "model".into(),
             GatewayError::InvalidBody(_) => {}

@@ -1,5 +1,6 @@
 //! The HTTP edge: routes, request parsing, and turning answers and errors into responses.
 
+pub mod admin;
 pub mod error;
 
 use std::sync::Arc;
@@ -26,6 +27,17 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(list_models))
         .route("/health", get(health))
+        .route("/health/deep", get(admin::health_deep))
+        .route("/routing", get(admin::routing))
+        .route(
+            "/admin/routing/weights",
+            get(admin::get_weights).put(admin::put_weights),
+        )
+        .route(
+            "/admin/routing/providers/{target}/{action}",
+            post(admin::set_provider),
+        )
+        .fallback(not_found)
         .with_state(gateway)
 }
 
@@ -64,10 +76,17 @@ async fn chat_completions(
     let table = gateway.table();
     let model = table
         .resolve(&request.model)
-        .filter(|m| m.config.published)
+        .filter(|m| m.config.published && !m.routes().is_empty())
         .ok_or_else(|| GatewayError::ModelNotFound(request.model.clone()))?
         .clone();
     drop(table);
+    // X-Route-Pin is an operator's debugging tool: honoured for admin callers only.
+    let pin = headers
+        .get("x-route-pin")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .filter(|_| admin::is_admin(&gateway, &headers));
     let facts = RequestFacts {
         caller_hash: caller_hash(&headers),
         prompt_tokens: request.prompt_tokens,
@@ -75,9 +94,11 @@ async fn chat_completions(
         stream: request.stream,
         modalities: request.modalities,
     };
-    let plan = select::select(&model, &facts).await?;
+    let plan = select::select(&model, &facts, &gateway.health, pin).await?;
     let strategy_error = plan.strategy_error.clone();
-    let result = dispatch::chat_completions(gateway.upstreams(), &model, &request, plan).await;
+    let result =
+        dispatch::chat_completions(gateway.upstreams(), &gateway.health, &model, &request, plan)
+            .await;
     match result {
         Ok(Answer::Complete {
             body,
