@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use switchyard::strategy::bindings::PrefillPolicy;
 use switchyard::strategy::{
     Candidate, CircuitState, Modalities, ModelRouter, Request, Route, StrategyEngine,
     StrategyLimits, catalog,
@@ -94,6 +95,12 @@ fn bench(c: &mut Criterion) {
                         modalities: Modalities::empty(),
                         seed,
                         now_ms: 1_700_000_000_000,
+                        prefill: PrefillPolicy {
+                            enabled: true,
+                            intervene_tokens: 50_000,
+                            elephant_tokens: 200_000,
+                            elephant_limit: 1,
+                        },
                     };
                     let router = &router;
                     let cands = &cands;

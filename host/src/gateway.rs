@@ -9,7 +9,7 @@ use std::collections::HashSet;
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::routing::health::HealthRegistry;
+use crate::routing::RoutingContext;
 use crate::routing::policy::Overrides;
 
 use crate::config::Config;
@@ -91,7 +91,7 @@ pub struct Gateway {
     pub config: Config,
     pub routing_engine: StrategyEngine,
     pub catalog: StrategyCatalog,
-    pub health: Arc<HealthRegistry>,
+    pub routing: RoutingContext,
     /// Runtime weight overrides and disables from the admin API.
     overrides: Mutex<Overrides>,
     /// Origins of local deployments whose `/health` check is failing.
@@ -113,7 +113,7 @@ impl Gateway {
         let upstreams = UpstreamClient::new(&config.upstream)?;
         let api_log = store.clone().map(ApiLog::start);
         Ok(Gateway {
-            health: Arc::new(HealthRegistry::new(config.health)),
+            routing: RoutingContext::new(&config),
             overrides: Mutex::new(Overrides::default()),
             unhealthy_origins: Mutex::new(HashSet::new()),
             rebuild: tokio::sync::Mutex::new(()),

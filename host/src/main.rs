@@ -198,12 +198,15 @@ async fn serve(config_path: &Path, listen: Option<String>) -> anyhow::Result<()>
         out.flush()?;
     }
     let app = switchyard::server::router(gateway);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-        .await
-        .context("server")
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    )
+    .with_graceful_shutdown(async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
+    .await
+    .context("server")
 }
 
 async fn check(config_path: &Path) -> anyhow::Result<()> {

@@ -41,6 +41,7 @@
 
 mod order;
 mod params;
+mod prefill;
 mod rng;
 
 use std::cell::RefCell;
@@ -51,13 +52,16 @@ pub use order::{
     usable_weight, weighted_draw, weighted_shuffle,
 };
 pub use params::{NoParams, params_schema, parse_params};
+pub use prefill::{least_loaded, p2c, prefill_aware_primary};
 pub use rng::Rng;
 
 pub use __private::bindings::exports::switchyard::router::strategy::{
     Candidate, Decision, Observation, Request, Route, StrategyInfo,
 };
 pub use __private::bindings::switchyard::router::host::LogLevel;
-pub use __private::bindings::switchyard::router::types::{CircuitState, Modalities, Pricing};
+pub use __private::bindings::switchyard::router::types::{
+    CircuitState, Modalities, PrefillPolicy, Pricing,
+};
 
 /// Re-exported so strategies can build `status` JSON without depending on it themselves.
 pub use serde_json;
@@ -200,8 +204,20 @@ impl Request {
             modalities: Modalities::empty(),
             seed,
             now_ms: 0,
+            prefill: PrefillPolicy::DEFAULT,
         }
     }
+}
+
+impl PrefillPolicy {
+    /// The host's defaults: enabled, intervene at 50 000 pending tokens, elephants from 200 000
+    /// uncached tokens, one elephant per endpoint.
+    pub const DEFAULT: PrefillPolicy = PrefillPolicy {
+        enabled: true,
+        intervene_tokens: 50_000,
+        elephant_tokens: 200_000,
+        elephant_limit: 1,
+    };
 }
 
 /// Exports a [`Strategy`] implementation as the crate's component. Use it once, in a `cdylib` crate.

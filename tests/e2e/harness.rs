@@ -130,9 +130,17 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// Starts the gateway on port 0 with `models_yaml` (the `models:` section and anything else
-    /// after `server`/`database`).
+    /// Starts the gateway on port 0 with `body_yaml` (everything after the `database:` section).
+    ///
+    /// Every test request comes from 127.0.0.1 without a key, i.e. from one anonymous caller, whom
+    /// session affinity would keep on one endpoint; tests about weights and fallback turn it off,
+    /// affinity tests use [`Gateway::start_with_env`] to turn it on.
     pub fn start(body_yaml: &str) -> Gateway {
+        Self::start_with_env(body_yaml, &[("ROUTING_AFFINITY_ENABLED", "0")])
+    }
+
+    /// Like [`Gateway::start`], with extra environment variables for the gateway process.
+    pub fn start_with_env(body_yaml: &str, env: &[(&str, &str)]) -> Gateway {
         let dir = tempfile::tempdir().expect("tempdir");
         let config = write_config(dir.path(), body_yaml);
         let mut cmd = Command::new(binary());
@@ -140,6 +148,7 @@ impl Gateway {
             .arg(&config)
             .args(["--listen", "127.0.0.1:0"]);
         configure(&mut cmd);
+        cmd.envs(env.iter().copied());
         let log = std::fs::File::create(dir.path().join("gateway.log")).expect("log file");
         let mut child = cmd
             .stdout(Stdio::piped())

@@ -8,6 +8,7 @@
 
 mod harness;
 
+mod affinity;
 mod config_errors;
 mod health;
 mod pipeline;

@@ -6,16 +6,18 @@ use std::time::Instant;
 
 use switchyard::config::Config;
 use switchyard::gateway::Routing;
-use switchyard::routing::health::{HealthConfig, HealthRegistry, Outcome, Ticket};
+use switchyard::routing::RoutingContext;
+use switchyard::routing::health::{HealthRegistry, Outcome, Ticket};
 use switchyard::routing::select::{self, RequestFacts, SelectionError};
 
-async fn routing(yaml: &str) -> Routing {
+async fn routing(yaml: &str) -> (Routing, RoutingContext) {
     let text = format!(
         "strategies:\n  builtin_dir: {}\n{yaml}",
         crate::harness::target_dir().join("strategies").display()
     );
     let config = Config::from_yaml(Path::new("pipeline.yaml"), &text, &|_| None).unwrap();
-    Routing::build(&config).await.unwrap()
+    let ctx = RoutingContext::new(&config);
+    (Routing::build(&config).await.unwrap(), ctx)
 }
 
 fn open(health: &HealthRegistry, endpoint: &str) {
@@ -29,14 +31,13 @@ const THREE: &str = "models:\n  - id: m\n    route:\n      - kind: openai_compat
 
 #[tokio::test]
 async fn an_open_breaker_splits_its_share_between_the_others() {
-    let r = routing(THREE).await;
+    let (r, ctx) = routing(THREE).await;
     let model = r.table.resolve("m").unwrap().clone();
-    let health = HealthRegistry::new(HealthConfig::default());
-    open(&health, "m:local-7002");
+    open(&ctx.health, "m:local-7002");
     let mut counts = [0u32; 3];
     let n = 10_000;
     for _ in 0..n {
-        let plan = select::select(&model, &RequestFacts::default(), &health, None)
+        let plan = select::select(&model, &RequestFacts::default(), &ctx, None)
             .await
             .unwrap();
         assert_eq!(plan.order.len(), 2, "the open route is not a candidate");
@@ -51,12 +52,11 @@ async fn an_open_breaker_splits_its_share_between_the_others() {
 
 #[tokio::test]
 async fn with_every_positive_route_open_a_weight_zero_route_is_never_chosen() {
-    let r = routing(&THREE.replace("7003/v1\n", "7003/v1\n        weight: 0\n")).await;
+    let (r, ctx) = routing(&THREE.replace("7003/v1\n", "7003/v1\n        weight: 0\n")).await;
     let model = r.table.resolve("m").unwrap().clone();
-    let health = HealthRegistry::new(HealthConfig::default());
-    open(&health, "m:local-7001");
-    open(&health, "m:local-7002");
-    let err = select::select(&model, &RequestFacts::default(), &health, None)
+    open(&ctx.health, "m:local-7001");
+    open(&ctx.health, "m:local-7002");
+    let err = select::select(&model, &RequestFacts::default(), &ctx, None)
         .await
         .unwrap_err();
     assert!(matches!(err, SelectionError::NoAdmissibleRoute { .. }));

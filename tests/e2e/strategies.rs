@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use switchyard::strategy::bindings::PrefillPolicy;
 use switchyard::strategy::{
     Candidate, CircuitState, Modalities, ModelRouter, Request, StrategyEngine, StrategyError,
     StrategyLimits, catalog, contract,
@@ -11,9 +12,15 @@ use switchyard::strategy::{
 
 use crate::harness::{Gateway, Mock, chat_body, component};
 
+/// Deadline tests need a short deadline; the contract checks behaviour, not speed, and runs beside
+/// many other tests on two cores, so it gets a generous one.
 fn engine() -> StrategyEngine {
+    engine_with(Duration::from_millis(20))
+}
+
+fn engine_with(call_timeout: Duration) -> StrategyEngine {
     StrategyEngine::new(StrategyLimits {
-        call_timeout: Duration::from_millis(20),
+        call_timeout,
         memory_limit_bytes: 64 << 20,
     })
     .unwrap()
@@ -39,6 +46,12 @@ fn request() -> Request {
         modalities: Modalities::empty(),
         seed: 42,
         now_ms: 0,
+        prefill: PrefillPolicy {
+            enabled: true,
+            intervene_tokens: 50_000,
+            elephant_tokens: 200_000,
+            elephant_limit: 1,
+        },
     }
 }
 
@@ -61,7 +74,7 @@ fn candidates() -> Vec<Candidate> {
 
 #[tokio::test]
 async fn builtin_strategies_pass_the_contract() {
-    let engine = engine();
+    let engine = engine_with(Duration::from_millis(500));
     for name in ["fixed", "round_robin"] {
         let report = contract::run(
             &engine,

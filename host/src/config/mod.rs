@@ -67,6 +67,7 @@ pub struct Config {
 pub struct ServerConfig {
     pub listen: String,
     pub admin_token: Option<String>,
+    pub trusted_proxies: Vec<ipnet::IpNet>,
 }
 
 #[derive(Debug, Clone)]
@@ -84,6 +85,8 @@ pub struct RoutingConfig {
     pub public_routing_endpoint: bool,
     pub local_fraction: Option<f64>,
     pub health_check: Option<HealthCheckConfig>,
+    pub affinity: crate::routing::affinity::AffinityConfig,
+    pub prefill: crate::routing::prefill::PrefillConfig,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -353,6 +356,20 @@ fn validate(
         }),
         _ => None,
     };
+    let mut trusted_proxies = Vec::new();
+    for (i, p) in raw.server.trusted_proxies.iter().enumerate() {
+        let net = p
+            .parse::<ipnet::IpNet>()
+            .or_else(|_| p.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+            .map_err(|_| {
+                invalid(
+                    format!("server.trusted_proxies[{i}]"),
+                    format!("`{p}` is not an IP address or CIDR range"),
+                )
+            })?;
+        trusted_proxies.push(net);
+    }
+    let (affinity, prefill) = affinity_and_prefill(path, &raw.routing, env)?;
     let admin_token = env("SWITCHYARD_ADMIN_TOKEN")
         .or(raw.server.admin_token)
         .filter(|t| !t.trim().is_empty());
@@ -363,6 +380,7 @@ fn validate(
         server: ServerConfig {
             listen: raw.server.listen,
             admin_token,
+            trusted_proxies,
         },
         database_url: raw.database.url,
         strategies: StrategiesConfig {
@@ -380,6 +398,8 @@ fn validate(
             public_routing_endpoint: raw.routing.public_routing_endpoint,
             local_fraction: raw.routing.local_fraction,
             health_check,
+            affinity,
+            prefill,
         },
         health,
         upstream: UpstreamConfig {
@@ -391,28 +411,138 @@ fn validate(
     })
 }
 
+/// `1/0`, `true/false`, `yes/no`, `on/off`.
+#[derive(Debug, Clone, Copy)]
+struct Flag(bool);
+
+impl std::str::FromStr for Flag {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Self, ()> {
+        match s.to_ascii_lowercase().as_str() {
+            "1" | "true" | "yes" | "on" => Ok(Flag(true)),
+            "0" | "false" | "no" | "off" => Ok(Flag(false)),
+            _ => Err(()),
+        }
+    }
+}
+
+/// An environment variable (when set), else the file's value, else the default.
+fn pick<T: std::str::FromStr + Copy>(
+    path: &Path,
+    env: &dyn Fn(&str) -> Option<String>,
+    var: &str,
+    file: Option<T>,
+    default: T,
+) -> Result<T, ConfigError> {
+    match env(var).filter(|v| !v.trim().is_empty()) {
+        Some(v) => v.trim().parse().map_err(|_| ConfigError::Invalid {
+            file: path.to_owned(),
+            path: format!("environment variable {var}"),
+            message: format!("`{v}` is not a valid value"),
+        }),
+        None => Ok(file.unwrap_or(default)),
+    }
+}
+
+/// Affinity and prefill knobs: environment first, then `routing.affinity` / `routing.prefill`.
+fn affinity_and_prefill(
+    path: &Path,
+    raw: &raw::RawRouting,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<
+    (
+        crate::routing::affinity::AffinityConfig,
+        crate::routing::prefill::PrefillConfig,
+    ),
+    ConfigError,
+> {
+    let a = crate::routing::affinity::AffinityConfig::default();
+    let (ra, rp) = (&raw.affinity, &raw.prefill);
+    let affinity = crate::routing::affinity::AffinityConfig {
+        enabled: pick(
+            path,
+            env,
+            "ROUTING_AFFINITY_ENABLED",
+            ra.enabled.map(Flag),
+            Flag(a.enabled),
+        )?
+        .0,
+        ttl: Duration::from_secs_f64(
+            pick(
+                path,
+                env,
+                "AFFINITY_TTL_SECONDS",
+                ra.ttl_seconds,
+                a.ttl.as_secs_f64(),
+            )?
+            .max(0.0),
+        ),
+        sweep_threshold: pick(
+            path,
+            env,
+            "AFFINITY_SWEEP_THRESHOLD",
+            ra.sweep_threshold,
+            a.sweep_threshold,
+        )?,
+    };
+    let p = crate::routing::prefill::PrefillConfig::default();
+    let prefill = crate::routing::prefill::PrefillConfig {
+        enabled: pick(
+            path,
+            env,
+            "ROUTING_PREFILL_AWARE_ENABLED",
+            rp.enabled.map(Flag),
+            Flag(p.enabled),
+        )?
+        .0,
+        intervene_tokens: pick(
+            path,
+            env,
+            "ROUTING_PREFILL_INTERVENE_TOKENS",
+            rp.intervene_tokens,
+            p.intervene_tokens,
+        )?,
+        elephant_tokens: pick(
+            path,
+            env,
+            "ROUTING_PREFILL_ELEPHANT_TOKENS",
+            rp.elephant_tokens,
+            p.elephant_tokens,
+        )?,
+        elephant_limit: pick(
+            path,
+            env,
+            "ROUTING_PREFILL_ELEPHANT_LIMIT",
+            rp.elephant_limit,
+            p.elephant_limit,
+        )?,
+        affinity_ceiling: pick(
+            path,
+            env,
+            "ROUTING_PREFILL_AFFINITY_CEILING",
+            rp.affinity_ceiling,
+            p.affinity_ceiling,
+        )?,
+        hint_ttl: Duration::from_secs_f64(
+            pick(
+                path,
+                env,
+                "ROUTING_PREFILL_HINT_TTL_SEC",
+                rp.hint_ttl_seconds,
+                p.hint_ttl.as_secs_f64(),
+            )?
+            .max(0.0),
+        ),
+    };
+    Ok((affinity, prefill))
+}
+
 /// Breaker knobs: environment first, then the config file, then defaults.
 fn health_config(
     path: &Path,
     raw: &raw::RawHealth,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<crate::routing::health::HealthConfig, ConfigError> {
-    fn pick<T: std::str::FromStr + Copy>(
-        path: &Path,
-        env: &dyn Fn(&str) -> Option<String>,
-        var: &str,
-        file: Option<T>,
-        default: T,
-    ) -> Result<T, ConfigError> {
-        match env(var).filter(|v| !v.trim().is_empty()) {
-            Some(v) => v.trim().parse().map_err(|_| ConfigError::Invalid {
-                file: path.to_owned(),
-                path: format!("environment variable {var}"),
-                message: format!("`{v}` is not a valid value"),
-            }),
-            None => Ok(file.unwrap_or(default)),
-        }
-    }
     let d = crate::routing::health::HealthConfig::default();
     let threshold = pick(
         path,

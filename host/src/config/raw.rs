@@ -32,6 +32,9 @@ pub struct RawServer {
     pub listen: String,
     /// Bearer token of the admin API; `SWITCHYARD_ADMIN_TOKEN` wins when set.
     pub admin_token: Option<String>,
+    /// Peers (addresses or CIDR ranges) whose `X-Forwarded-For` is believed.
+    #[serde(default)]
+    pub trusted_proxies: Vec<String>,
 }
 
 impl Default for RawServer {
@@ -39,6 +42,7 @@ impl Default for RawServer {
         Self {
             listen: default_listen(),
             admin_token: None,
+            trusted_proxies: Vec::new(),
         }
     }
 }
@@ -93,6 +97,40 @@ pub struct RawRouting {
     /// router is `fixed` only).
     pub local_fraction: Option<f64>,
     pub health_check: Option<RawHealthCheck>,
+    #[serde(default)]
+    pub affinity: RawAffinity,
+    #[serde(default)]
+    pub prefill: RawPrefill,
+}
+
+/// Session affinity knobs; the environment variables named on each field win.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAffinity {
+    /// `ROUTING_AFFINITY_ENABLED`
+    pub enabled: Option<bool>,
+    /// `AFFINITY_TTL_SECONDS`
+    pub ttl_seconds: Option<f64>,
+    /// `AFFINITY_SWEEP_THRESHOLD`
+    pub sweep_threshold: Option<usize>,
+}
+
+/// Prefill-aware routing knobs; the environment variables named on each field win.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPrefill {
+    /// `ROUTING_PREFILL_AWARE_ENABLED`
+    pub enabled: Option<bool>,
+    /// `ROUTING_PREFILL_INTERVENE_TOKENS`
+    pub intervene_tokens: Option<u64>,
+    /// `ROUTING_PREFILL_ELEPHANT_TOKENS`
+    pub elephant_tokens: Option<u64>,
+    /// `ROUTING_PREFILL_ELEPHANT_LIMIT`
+    pub elephant_limit: Option<u32>,
+    /// `ROUTING_PREFILL_AFFINITY_CEILING`
+    pub affinity_ceiling: Option<u64>,
+    /// `ROUTING_PREFILL_HINT_TTL_SEC`
+    pub hint_ttl_seconds: Option<f64>,
 }
 
 impl Default for RawRouting {
@@ -102,6 +140,8 @@ impl Default for RawRouting {
             public_routing_endpoint: false,
             local_fraction: None,
             health_check: None,
+            affinity: RawAffinity::default(),
+            prefill: RawPrefill::default(),
         }
     }
 }

@@ -18,7 +18,9 @@ use crate::protocol::openai_chat::{self, ChatRequest};
 use crate::strategy::{ModelRouter, Observation};
 use crate::upstream::{AttemptError, UpstreamClient};
 
-use super::health::{HealthRegistry, Outcome, Ticket};
+use super::RoutingContext;
+use super::health::{Outcome, Ticket};
+use super::prefill::PrefillLease;
 use super::select::{Exclusion, Plan};
 use super::table::ModelEntry;
 
@@ -92,11 +94,13 @@ pub enum Answer {
 /// Tries the plan's routes in order for a Chat Completions request.
 pub async fn chat_completions(
     client: &UpstreamClient,
-    health: &Arc<HealthRegistry>,
+    ctx: &RoutingContext,
+    caller: Option<Arc<str>>,
     model: &Arc<ModelEntry>,
     request: &ChatRequest,
     plan: Plan,
 ) -> Result<Answer, DispatchError> {
+    let health = &ctx.health;
     let mut failed: Vec<FailedAttempt> = Vec::new();
     let mut excluded = plan.excluded.clone();
     let routes = model.routes();
@@ -121,14 +125,27 @@ pub async fn chat_completions(
             }
         };
         let started = Instant::now();
+        // The lease is released at the first token, or wherever this attempt ends (drop).
+        let uncached = ctx.prefill.uncached_estimate(
+            caller.as_deref(),
+            &route.endpoint_id,
+            u64::from(request.prompt_tokens),
+            started,
+        );
+        let lease = ctx
+            .prefill
+            .acquire(caller.clone(), &route.endpoint_id, uncached);
         let url = format!("{}/chat/completions", route.base_url);
         let body = openai_chat::upstream_body(request, &route.provider_model_id);
         let attempt = match client.post_json(&url, route.api_key.as_deref(), body).await {
             Ok(response) if request.stream => {
-                let outcome = HealthReport {
-                    health: health.clone(),
+                let outcome = StreamAccounting {
+                    ctx: ctx.clone(),
+                    caller: caller.clone(),
                     endpoint_id: route.endpoint_id.clone(),
                     ticket,
+                    lease,
+                    prompt_tokens: u64::from(request.prompt_tokens),
                 };
                 open_stream(response, model, route, request, &plan, started, outcome).await
             }
@@ -137,8 +154,19 @@ pub async fn chat_completions(
         };
         match attempt {
             Ok(answer) => {
-                if matches!(answer, Partial::Complete { .. }) {
+                if let Partial::Complete { usage, .. } = &answer {
                     health.record(&route.endpoint_id, ticket, Outcome::Success, None);
+                    let prompt = if usage.prompt > 0 {
+                        u64::from(usage.prompt)
+                    } else {
+                        u64::from(request.prompt_tokens)
+                    };
+                    ctx.prefill.remember(
+                        caller.as_deref(),
+                        &route.endpoint_id,
+                        prompt,
+                        Instant::now(),
+                    );
                 }
                 let attribution = Attribution {
                     provider: route.kind.as_str().to_owned(),
@@ -167,6 +195,10 @@ pub async fn chat_completions(
                     _ => Outcome::Failure,
                 };
                 health.record(&route.endpoint_id, ticket, outcome, Some(&e.to_string()));
+                // An error from the affinity endpoint drops the pin; the next request re-pins.
+                if let Some(c) = &caller {
+                    ctx.affinity.drop_if(c, model.id(), &route.endpoint_id);
+                }
                 observe(
                     &model.router,
                     route,
@@ -265,12 +297,17 @@ async fn complete(
     })
 }
 
-/// Where a stream reports its health outcome: success at its first token, failure if it breaks
-/// before one, nothing (the probe is released) if the client leaves first.
-struct HealthReport {
-    health: Arc<HealthRegistry>,
+/// What a stream owes the routing state: its health outcome (success at the first token, failure
+/// if it breaks before one, nothing — the probe is released — if the client leaves first), its
+/// prefill lease (released at the first token or whenever the stream ends), and a prompt hint
+/// when it completes.
+struct StreamAccounting {
+    ctx: RoutingContext,
+    caller: Option<Arc<str>>,
     endpoint_id: String,
     ticket: Ticket,
+    lease: PrefillLease,
+    prompt_tokens: u64,
 }
 
 async fn open_stream(
@@ -280,7 +317,7 @@ async fn open_stream(
     request: &ChatRequest,
     plan: &Plan,
     started: Instant,
-    outcome: HealthReport,
+    outcome: StreamAccounting,
 ) -> Result<Partial, AttemptError> {
     let mut events = response.bytes_stream().eventsource();
     // Until the first event nothing has reached the client, so a failure here can still fall back.
@@ -293,6 +330,7 @@ async fn open_stream(
     let mut relay = StreamRelay {
         summary: Some(summary_tx),
         outcome: Some(outcome),
+        accounting: None,
         upstream: Box::pin(events),
         pending_first: None,
         router: model.router.clone(),
@@ -336,8 +374,10 @@ struct StreamRelay {
     usage: Usage,
     finished: bool,
     summary: Option<tokio::sync::oneshot::Sender<StreamSummary>>,
-    /// Taken once the stream's health outcome is known.
-    outcome: Option<HealthReport>,
+    /// Health outcome not yet reported.
+    outcome: Option<StreamAccounting>,
+    /// Kept after the health outcome, to remember the prompt when the stream completes.
+    accounting: Option<StreamAccounting>,
 }
 
 impl StreamRelay {
@@ -354,9 +394,13 @@ impl StreamRelay {
             if self.first_token.is_none() && carries_token(&value) {
                 self.first_token = Some(self.started.elapsed().as_secs_f64() * 1000.0);
                 // A content or tool-call delta makes the stream a success; a role delta does not.
-                if let Some(o) = self.outcome.take() {
-                    o.health
+                if let Some(mut o) = self.outcome.take() {
+                    o.ctx
+                        .health
                         .record(&o.endpoint_id, o.ticket, Outcome::Success, None);
+                    // Prefill is over once tokens flow; a long decode is not prefill pressure.
+                    o.lease.release();
+                    self.accounting = Some(o);
                 }
             }
             if let Some(u) = usage_of(&value) {
@@ -392,8 +436,28 @@ impl StreamRelay {
             } else {
                 Outcome::Failure
             };
-            o.health
+            o.ctx
+                .health
                 .record(&o.endpoint_id, o.ticket, outcome, error.as_deref());
+            if !success && let Some(c) = &o.caller {
+                o.ctx
+                    .affinity
+                    .drop_if(c, self.router.model_id.as_str(), &o.endpoint_id);
+            }
+            self.accounting = Some(o);
+        }
+        if let Some(a) = self.accounting.take() {
+            // Only a completed prompt becomes a warm-continuation hint.
+            if success {
+                let prompt = if self.usage.prompt > 0 {
+                    u64::from(self.usage.prompt)
+                } else {
+                    a.prompt_tokens
+                };
+                a.ctx
+                    .prefill
+                    .remember(a.caller.as_deref(), &a.endpoint_id, prompt, Instant::now());
+            }
         }
         let latency = self.started.elapsed().as_secs_f64() * 1000.0;
         if let Some(tx) = self.summary.take() {
@@ -471,8 +535,9 @@ impl Drop for StreamRelay {
     fn drop(&mut self) {
         // Dropped before the upstream finished: the client went away. Not the upstream's fault,
         // so the strategy is not told; the request log is.
+        // The lease is released by its own Drop; the probe claim must be given back.
         if let Some(o) = self.outcome.take() {
-            o.health.release(&o.endpoint_id, o.ticket);
+            o.ctx.health.release(&o.endpoint_id, o.ticket);
         }
         if !self.finished
             && let Some(tx) = self.summary.take()

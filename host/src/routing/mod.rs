@@ -1,8 +1,31 @@
 //! From a parsed request to an answered one: the route table, the selection pipeline, and dispatch
 //! with fallback.
 
+pub mod affinity;
 pub mod dispatch;
 pub mod health;
 pub mod policy;
+pub mod prefill;
 pub mod select;
 pub mod table;
+
+use std::sync::Arc;
+
+/// The process-wide routing state every request consults: endpoint health, prefill load and
+/// session affinity. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct RoutingContext {
+    pub health: Arc<health::HealthRegistry>,
+    pub prefill: Arc<prefill::PrefillTracker>,
+    pub affinity: Arc<affinity::AffinityTable>,
+}
+
+impl RoutingContext {
+    pub fn new(config: &crate::config::Config) -> Self {
+        Self {
+            health: Arc::new(health::HealthRegistry::new(config.health)),
+            prefill: Arc::new(prefill::PrefillTracker::new(config.routing.prefill)),
+            affinity: Arc::new(affinity::AffinityTable::new(config.routing.affinity)),
+        }
+    }
+}

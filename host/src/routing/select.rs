@@ -4,8 +4,10 @@
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::config::RouteConfig;
+use crate::strategy::bindings::PrefillPolicy;
 use crate::strategy::{Candidate, CircuitState as WitCircuit, Modalities, Request};
 
+use super::RoutingContext;
 use super::health::{CircuitState, HealthRegistry};
 use super::policy::zero_reason;
 use super::table::ModelEntry;
@@ -13,6 +15,8 @@ use super::table::ModelEntry;
 /// What the pipeline knows about a request before choosing, reduced to what routing needs.
 #[derive(Debug, Clone, Default)]
 pub struct RequestFacts {
+    /// The caller's affinity key; `None` for internal traffic.
+    pub caller: Option<std::sync::Arc<str>>,
     /// Stable hash of the caller's affinity key; 0 for internal traffic.
     pub caller_hash: u64,
     pub prompt_tokens: u32,
@@ -78,6 +82,28 @@ pub struct Plan {
     pub pinned: bool,
     /// Routes excluded before the strategy ran.
     pub excluded: Vec<Exclusion>,
+    /// The endpoint this caller is pinned to by session affinity after this selection; an error
+    /// there drops the pin.
+    pub affinity_endpoint: Option<String>,
+    /// What session affinity did for this request.
+    pub affinity: AffinityUse,
+}
+
+/// How session affinity took part in a selection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AffinityUse {
+    /// Off, pinned by an operator, or no caller identity.
+    #[default]
+    None,
+    /// No live record: the strategy chose and the choice was recorded.
+    New,
+    /// The recorded endpoint was reused.
+    Reused,
+    /// The recorded endpoint was unavailable; the strategy chose again.
+    Replaced,
+    /// The recorded endpoint was backed up beyond the ceiling; rerouted and the pin moved.
+    Moved,
 }
 
 const MODALITIES: [(Modalities, &str); 3] = [
@@ -101,9 +127,21 @@ pub fn missing_modalities(route: &RouteConfig, wanted: Modalities) -> Vec<&'stat
 pub async fn select(
     model: &ModelEntry,
     facts: &RequestFacts,
-    health: &HealthRegistry,
+    ctx: &RoutingContext,
     pin: Option<&str>,
 ) -> Result<Plan, SelectionError> {
+    select_at(model, facts, ctx, pin, Instant::now()).await
+}
+
+/// [`select`] at a given instant (simulations drive time themselves).
+pub async fn select_at(
+    model: &ModelEntry,
+    facts: &RequestFacts,
+    ctx: &RoutingContext,
+    pin: Option<&str>,
+    now: Instant,
+) -> Result<Plan, SelectionError> {
+    let health: &HealthRegistry = &ctx.health;
     let routes = model.routes();
     let mut excluded = Vec::new();
 
@@ -147,6 +185,8 @@ pub async fn select(
                 strategy_error: None,
                 pinned: true,
                 excluded,
+                affinity_endpoint: None,
+                affinity: AffinityUse::None,
             }),
             Some(route) => Err(SelectionError::NoAdmissibleRoute {
                 model: model.id().to_owned(),
@@ -164,7 +204,6 @@ pub async fn select(
     }
 
     // 3. Weight and breaker admission.
-    let now = Instant::now();
     let mut candidates = Vec::with_capacity(admitted.len());
     for route in admitted {
         if route.weight <= 0.0 {
@@ -185,15 +224,21 @@ pub async fn select(
             Some(CircuitState::HalfOpen) => WitCircuit::HalfOpen,
             Some(_) => WitCircuit::Closed,
         };
+        let load = ctx.prefill.load(&route.endpoint_id);
         candidates.push(Candidate {
             index: route.index,
             weight: route.weight,
             priority: route.priority,
             availability: health.availability(&route.endpoint_id),
             circuit,
-            prefill_backlog_tokens: 0,
-            inflight_elephants: 0,
-            uncached_prompt_tokens: u64::from(facts.prompt_tokens),
+            prefill_backlog_tokens: load.backlog_tokens,
+            inflight_elephants: load.elephants,
+            uncached_prompt_tokens: ctx.prefill.uncached_estimate(
+                facts.caller.as_deref(),
+                &route.endpoint_id,
+                u64::from(facts.prompt_tokens),
+                now,
+            ),
             ttft_ms: None,
             latency_ms: None,
         });
@@ -205,10 +250,47 @@ pub async fn select(
         });
     }
 
-    // 4. The strategy orders what is left.
+    // 4. Session affinity: reuse the caller's endpoint while it is admitted and not backed up.
+    let caller = facts.caller.as_ref().filter(|_| ctx.affinity.enabled());
+    let recorded = caller.and_then(|c| ctx.affinity.get(c, model.id(), now));
+    let mut affinity = match (&caller, &recorded) {
+        (None, _) => AffinityUse::None,
+        (Some(_), None) => AffinityUse::New,
+        (Some(_), Some(_)) => AffinityUse::Reused,
+    };
+    let mut sticky: Option<u32> = None;
+    if let Some(endpoint) = &recorded {
+        let index = routes
+            .iter()
+            .find(|r| &r.endpoint_id == endpoint)
+            .map(|r| r.index)
+            .filter(|i| candidates.iter().any(|c| c.index == *i));
+        match index {
+            None => affinity = AffinityUse::Replaced,
+            Some(i) => {
+                let backlog = ctx
+                    .prefill
+                    .backlog_excluding(endpoint, caller.map(|c| &**c));
+                if backlog > ctx.prefill.config().affinity_ceiling && candidates.len() > 1 {
+                    // Backed up: reroute excluding it; the pin follows the new choice.
+                    candidates.retain(|c| c.index != i);
+                    excluded.push(Exclusion {
+                        endpoint_id: endpoint.clone(),
+                        reason: format!("affinity endpoint has {backlog} tokens pending"),
+                    });
+                    affinity = AffinityUse::Moved;
+                } else {
+                    sticky = Some(i);
+                }
+            }
+        }
+    }
+
+    // 5. The strategy orders what is left.
     let unix = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();
+    let p = ctx.prefill.config();
     let request = Request {
         caller_hash: facts.caller_hash,
         prompt_tokens: facts.prompt_tokens,
@@ -217,31 +299,48 @@ pub async fn select(
         modalities: facts.modalities,
         seed: rand::random(),
         now_ms: unix.as_millis() as u64,
+        prefill: PrefillPolicy {
+            enabled: p.enabled,
+            intervene_tokens: p.intervene_tokens,
+            elephant_tokens: p.elephant_tokens,
+            elephant_limit: p.elephant_limit,
+        },
     };
-    match model.router.select(&request, &candidates).await {
-        Ok(decision) => Ok(Plan {
-            order: decision
-                .order
-                .iter()
-                .map(|&i| position(routes, i))
-                .collect(),
-            strategy_metadata: decision.strategy_metadata,
-            strategy_error: None,
-            pinned: false,
-            excluded,
-        }),
-        // A broken strategy never fails the request: declared order keeps it served.
-        Err(e) => Ok(Plan {
-            order: candidates
-                .iter()
-                .map(|c| position(routes, c.index))
-                .collect(),
-            strategy_metadata: String::new(),
-            strategy_error: Some(e.to_string()),
-            pinned: false,
-            excluded,
-        }),
+    let (mut order, strategy_metadata, strategy_error) =
+        match model.router.select(&request, &candidates).await {
+            Ok(decision) => (decision.order, decision.strategy_metadata, None),
+            // A broken strategy never fails the request: declared order keeps it served.
+            Err(e) => (
+                candidates.iter().map(|c| c.index).collect(),
+                String::new(),
+                Some(e.to_string()),
+            ),
+        };
+    if let Some(i) = sticky {
+        // The strategy still ordered the fallbacks; the warm endpoint goes first.
+        order.retain(|&x| x != i);
+        order.insert(0, i);
     }
+    let order: Vec<usize> = order.iter().map(|&i| position(routes, i)).collect();
+    let affinity_endpoint = match (caller, order.first()) {
+        (Some(c), Some(&first)) => {
+            let endpoint = routes[first].endpoint_id.clone();
+            if recorded.as_deref() != Some(endpoint.as_str()) {
+                ctx.affinity.set(c, model.id(), &endpoint, now);
+            }
+            Some(endpoint)
+        }
+        _ => None,
+    };
+    Ok(Plan {
+        order,
+        strategy_metadata,
+        strategy_error,
+        pinned: false,
+        excluded,
+        affinity_endpoint,
+        affinity,
+    })
 }
 
 /// Position of a declared index in the route list (they coincide for config-built tables).

@@ -215,14 +215,14 @@ pub async fn routing(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) ->
         let total: f64 = m
             .routes()
             .iter()
-            .filter(|r| gateway.health.admits(&r.endpoint_id, now).is_some())
+            .filter(|r| gateway.routing.health.admits(&r.endpoint_id, now).is_some())
             .map(|r| r.weight)
             .sum();
         let routes: Vec<_> = m
             .routes()
             .iter()
             .map(|r| {
-                let circuit = gateway.health.circuit(&r.endpoint_id, now);
+                let circuit = gateway.routing.health.circuit(&r.endpoint_id, now);
                 let share = if total > 0.0 && circuit != CircuitState::Open {
                     r.weight / total
                 } else {
@@ -241,7 +241,7 @@ pub async fn routing(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) ->
                     "local_deployment": r.local_deployment,
                     "input_modalities": r.input_modalities,
                     "circuit": circuit,
-                    "availability": gateway.health.availability(&r.endpoint_id),
+                    "availability": gateway.routing.health.availability(&r.endpoint_id),
                 })
             })
             .collect();
@@ -291,7 +291,7 @@ pub async fn health_deep(State(gateway): State<Arc<Gateway>>) -> Response {
             })
         })
         .collect();
-    let endpoints = gateway.health.report();
+    let endpoints = gateway.routing.health.report();
     let degraded = endpoints.iter().any(|e| !e.healthy);
     let api_log = gateway.api_log.as_ref().map(|l| {
         serde_json::json!({
@@ -299,8 +299,22 @@ pub async fn health_deep(State(gateway): State<Arc<Gateway>>) -> Response {
             "failed_rows": l.write_errors.load(Ordering::Relaxed),
         })
     });
+    let prefill: serde_json::Map<String, serde_json::Value> = gateway
+        .routing
+        .prefill
+        .report()
+        .into_iter()
+        .map(|(id, load)| {
+            (
+                id,
+                serde_json::json!({ "backlog_tokens": load.backlog_tokens, "elephants": load.elephants }),
+            )
+        })
+        .collect();
     Json(serde_json::json!({
         "status": if degraded { "degraded" } else { "ok" },
+        "prefill": prefill,
+        "affinity_records": gateway.routing.affinity.len(),
         "note": "health state is per process",
         "endpoints": endpoints,
         "strategies": strategies,

@@ -1,17 +1,19 @@
 //! The HTTP edge: routes, request parsing, and turning answers and errors into responses.
 
 pub mod admin;
+pub mod caller;
 pub mod error;
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::{Body, Bytes};
-use axum::extract::State;
+use axum::extract::{ConnectInfo, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use std::net::SocketAddr;
 
 use crate::gateway::Gateway;
 use crate::protocol::openai_chat;
@@ -68,6 +70,7 @@ async fn list_models(State(gateway): State<Arc<Gateway>>) -> Json<serde_json::Va
 
 async fn chat_completions(
     State(gateway): State<Arc<Gateway>>,
+    extensions: axum::http::Extensions,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, GatewayError> {
@@ -87,18 +90,32 @@ async fn chat_completions(
         .map(str::trim)
         .filter(|p| !p.is_empty())
         .filter(|_| admin::is_admin(&gateway, &headers));
+    let caller = caller::identify(
+        &headers,
+        extensions
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|ConnectInfo(addr)| *addr),
+        &gateway.config.server.trusted_proxies,
+    );
     let facts = RequestFacts {
-        caller_hash: caller_hash(&headers),
+        caller: caller.key.clone(),
+        caller_hash: caller.hash,
         prompt_tokens: request.prompt_tokens,
         max_tokens: request.max_tokens,
         stream: request.stream,
         modalities: request.modalities,
     };
-    let plan = select::select(&model, &facts, &gateway.health, pin).await?;
+    let plan = select::select(&model, &facts, &gateway.routing, pin).await?;
     let strategy_error = plan.strategy_error.clone();
-    let result =
-        dispatch::chat_completions(gateway.upstreams(), &gateway.health, &model, &request, plan)
-            .await;
+    let result = dispatch::chat_completions(
+        gateway.upstreams(),
+        &gateway.routing,
+        caller.key,
+        &model,
+        &request,
+        plan,
+    )
+    .await;
     match result {
         Ok(Answer::Complete {
             body,
@@ -227,19 +244,6 @@ fn log_request(
         latency_ms = started.elapsed().as_millis() as u64,
         "served"
     );
-}
-
-/// Stable hash of the caller's credential, so strategies can keep a caller on one endpoint.
-/// Anonymous callers hash to 0 until caller identity is derived from the connection.
-fn caller_hash(headers: &HeaderMap) -> u64 {
-    use sha2::Digest;
-    let Some(auth) = headers.get(header::AUTHORIZATION) else {
-        return 0;
-    };
-    let digest = sha2::Sha256::digest(auth.as_bytes());
-    let mut first = [0u8; 8];
-    first.copy_from_slice(&digest[..8]);
-    u64::from_le_bytes(first)
 }
 
 /// A JSON 404 for unknown paths, in OpenAI's error shape.

@@ -16,12 +16,12 @@ wasmtime::component::bindgen!({
     exports: { default: async },
 });
 
-pub use exports::switchyard::router::strategy::Guest as StrategyExports;
-pub use switchyard::router::host::LogLevel;
-pub use switchyard::router::types::{
-    Candidate, CircuitState, Decision, Modalities, Observation, Pricing, Request, Route,
-    StrategyInfo,
+pub use self::switchyard::router::host::LogLevel;
+pub use self::switchyard::router::types::{
+    Candidate, CircuitState, Decision, Modalities, Observation, PrefillPolicy, Pricing, Request,
+    Route, StrategyInfo,
 };
+pub use exports::switchyard::router::strategy::Guest as StrategyExports;
 
 /// The API versions this host can run, oldest first.
 pub const SUPPORTED_API_VERSIONS: &[&str] = &["0.1.0"];
@@ -49,7 +49,7 @@ impl WasiView for StoreState {
     }
 }
 
-impl switchyard::router::host::Host for StoreState {
+impl self::switchyard::router::host::Host for StoreState {
     fn log(&mut self, level: LogLevel, message: String) {
         let strategy = self.label.as_str();
         match level {
@@ -68,4 +68,4 @@ impl switchyard::router::host::Host for StoreState {
     }
 }
 
-impl switchyard::router::types::Host for StoreState {}
+impl self::switchyard::router::types::Host for StoreState {}

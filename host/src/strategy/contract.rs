@@ -8,7 +8,9 @@ use std::sync::Arc;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::bindings::{Candidate, CircuitState, Modalities, Observation, Request, Route};
+use super::bindings::{
+    Candidate, CircuitState, Modalities, Observation, PrefillPolicy, Request, Route,
+};
 use super::catalog::{LoadedStrategy, load};
 use super::engine::StrategyEngine;
 use super::router::{ModelRouter, check_order};
@@ -211,6 +213,12 @@ fn random_case(rng: &mut StdRng) -> (Request, Vec<Candidate>) {
         modalities: Modalities::empty(),
         seed: rng.random(),
         now_ms: 1_700_000_000_000 + rng.random_range(0..86_400_000),
+        prefill: PrefillPolicy {
+            enabled: rng.random_bool(0.8),
+            intervene_tokens: 50_000,
+            elephant_tokens: 200_000,
+            elephant_limit: 1,
+        },
     };
     let included: Vec<u32> = (0..ROUTES).filter(|_| rng.random_bool(0.7)).collect();
     let mut candidates: Vec<Candidate> = included

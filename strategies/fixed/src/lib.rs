@@ -1,5 +1,9 @@
 //! `fixed`: a weighted random primary, then the other candidates in declared order.
 //!
+//! The primary is chosen prefill-aware (see `switchyard_sdk::prefill_aware_primary`): weights decide
+//! until an endpoint's pending prefill passes the host's intervention threshold, and elephants avoid
+//! endpoints already prefilling one.
+//!
 //! The primary is drawn with probability proportional to the candidates' weights, renormalised over
 //! the candidates the host passed, using the request's seed. Candidates with a zero, negative or
 //! non-finite weight are never the primary unless no candidate has a usable weight, in which case the
@@ -9,7 +13,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use switchyard_sdk::{
     Candidate, Decision, Request, Rng, Strategy, StrategyInfo, declared_order,
-    primary_then_declared, weighted_draw,
+    prefill_aware_primary, primary_then_declared,
 };
 
 /// `fixed` takes no parameters.
@@ -37,8 +41,8 @@ impl Strategy for Fixed {
     }
 
     fn select(&mut self, request: &Request, candidates: &[Candidate]) -> Result<Decision, String> {
-        let weights: Vec<f64> = candidates.iter().map(|c| c.weight).collect();
-        let order = match weighted_draw(&weights, &mut Rng::for_request(request)) {
+        let mut rng = Rng::for_request(request);
+        let order = match prefill_aware_primary(candidates, &request.prefill, &mut rng) {
             Some(primary) => primary_then_declared(candidates, primary),
             None => declared_order(candidates),
         };

@@ -1,0 +1,284 @@
+//! Prefill accounting: how many uncached prompt tokens each endpoint is prefilling right now, and a
+//! per-(caller, endpoint) memory of the caller's last completed prompt so a warm continuation is not
+//! mistaken for a cold elephant.
+//!
+//! A lease is taken when an attempt is dispatched and released at the first token (a long, cheap
+//! decode is not prefill pressure), or on any end: success, error, timeout, client disconnect. The
+//! release is in `Drop`, so no path can leak one. Nothing here blocks, rejects or queues a request.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+/// Prefill-aware routing knobs (`ROUTING_PREFILL_*`; environment wins over the config file).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PrefillConfig {
+    pub enabled: bool,
+    pub intervene_tokens: u64,
+    pub elephant_tokens: u64,
+    pub elephant_limit: u32,
+    pub affinity_ceiling: u64,
+    pub hint_ttl: Duration,
+}
+
+impl Default for PrefillConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            intervene_tokens: 50_000,
+            elephant_tokens: 200_000,
+            elephant_limit: 1,
+            affinity_ceiling: 150_000,
+            hint_ttl: Duration::from_secs(1200),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct EndpointLoad {
+    backlog_tokens: u64,
+    elephants: u32,
+    /// Uncached tokens in flight per caller, so a caller's own parallel turns can be discounted.
+    by_caller: HashMap<Arc<str>, u64>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    endpoints: HashMap<String, EndpointLoad>,
+    /// (caller, endpoint) → (prompt tokens of the last completed request, when).
+    hints: HashMap<(Arc<str>, String), (u64, Instant)>,
+}
+
+/// Load of one endpoint as the pipeline sees it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Load {
+    pub backlog_tokens: u64,
+    pub elephants: u32,
+}
+
+/// The process-wide prefill tracker.
+#[derive(Debug)]
+pub struct PrefillTracker {
+    config: PrefillConfig,
+    state: Arc<Mutex<State>>,
+}
+
+impl PrefillTracker {
+    pub fn new(config: PrefillConfig) -> Self {
+        Self {
+            config,
+            state: Arc::default(),
+        }
+    }
+
+    pub fn config(&self) -> PrefillConfig {
+        self.config
+    }
+
+    pub fn load(&self, endpoint: &str) -> Load {
+        self.state
+            .lock()
+            .endpoints
+            .get(endpoint)
+            .map(|l| Load {
+                backlog_tokens: l.backlog_tokens,
+                elephants: l.elephants,
+            })
+            .unwrap_or_default()
+    }
+
+    /// Every endpoint's current load, sorted by id (for `/health/deep`).
+    pub fn report(&self) -> Vec<(String, Load)> {
+        let state = self.state.lock();
+        let mut loads: Vec<(String, Load)> = state
+            .endpoints
+            .iter()
+            .map(|(id, l)| {
+                (
+                    id.clone(),
+                    Load {
+                        backlog_tokens: l.backlog_tokens,
+                        elephants: l.elephants,
+                    },
+                )
+            })
+            .collect();
+        loads.sort_by(|a, b| a.0.cmp(&b.0));
+        loads
+    }
+
+    /// The endpoint's backlog without `caller`'s own in-flight prefill (the affinity ceiling must
+    /// not push a session off its warm endpoint because of its own parallel turns).
+    pub fn backlog_excluding(&self, endpoint: &str, caller: Option<&str>) -> u64 {
+        let state = self.state.lock();
+        let Some(load) = state.endpoints.get(endpoint) else {
+            return 0;
+        };
+        let own = caller
+            .and_then(|c| load.by_caller.get(c))
+            .copied()
+            .unwrap_or(0);
+        load.backlog_tokens.saturating_sub(own)
+    }
+
+    /// This request's uncached prompt tokens on `endpoint`: the growth over the caller's last
+    /// completed prompt there when that is fresh (a shrinking prompt is charged 0), else all of it.
+    pub fn uncached_estimate(
+        &self,
+        caller: Option<&str>,
+        endpoint: &str,
+        prompt_tokens: u64,
+        now: Instant,
+    ) -> u64 {
+        let Some(caller) = caller else {
+            return prompt_tokens;
+        };
+        let state = self.state.lock();
+        // A lookup key without allocating an Arc per call would need a borrowed tuple; the map is
+        // small and this is one short string.
+        match state.hints.get(&(Arc::from(caller), endpoint.to_owned())) {
+            Some(&(last, at)) if now.duration_since(at) <= self.config.hint_ttl => {
+                prompt_tokens.saturating_sub(last)
+            }
+            _ => prompt_tokens,
+        }
+    }
+
+    /// Takes a lease of `uncached` tokens on `endpoint`. Dropping the lease releases it.
+    pub fn acquire(&self, caller: Option<Arc<str>>, endpoint: &str, uncached: u64) -> PrefillLease {
+        let elephant = uncached >= self.config.elephant_tokens;
+        {
+            let mut state = self.state.lock();
+            let load = state.endpoints.entry(endpoint.to_owned()).or_default();
+            load.backlog_tokens += uncached;
+            if elephant {
+                load.elephants += 1;
+            }
+            if let Some(c) = &caller {
+                *load.by_caller.entry(c.clone()).or_insert(0) += uncached;
+            }
+        }
+        PrefillLease {
+            state: self.state.clone(),
+            endpoint: endpoint.to_owned(),
+            caller,
+            uncached,
+            elephant,
+            released: false,
+        }
+    }
+
+    /// Remembers a completed prompt (never an in-flight or failed one) for warm-continuation
+    /// estimates. Expired hints are swept when the table grows.
+    pub fn remember(&self, caller: Option<&str>, endpoint: &str, prompt_tokens: u64, now: Instant) {
+        let Some(caller) = caller else { return };
+        let mut state = self.state.lock();
+        if state.hints.len() > 4096 {
+            let ttl = self.config.hint_ttl;
+            state
+                .hints
+                .retain(|_, (_, at)| now.duration_since(*at) <= ttl);
+        }
+        state.hints.insert(
+            (Arc::from(caller), endpoint.to_owned()),
+            (prompt_tokens, now),
+        );
+    }
+}
+
+/// Uncached tokens held in an endpoint's backlog until the first token or the end of the attempt.
+#[derive(Debug)]
+pub struct PrefillLease {
+    state: Arc<Mutex<State>>,
+    endpoint: String,
+    caller: Option<Arc<str>>,
+    uncached: u64,
+    elephant: bool,
+    released: bool,
+}
+
+impl PrefillLease {
+    /// Releases the lease now (at the first token). Idempotent.
+    pub fn release(&mut self) {
+        if self.released {
+            return;
+        }
+        self.released = true;
+        let mut state = self.state.lock();
+        if let Some(load) = state.endpoints.get_mut(&self.endpoint) {
+            load.backlog_tokens = load.backlog_tokens.saturating_sub(self.uncached);
+            if self.elephant {
+                load.elephants = load.elephants.saturating_sub(1);
+            }
+            if let Some(c) = &self.caller
+                && let Some(own) = load.by_caller.get_mut(c)
+            {
+                *own = own.saturating_sub(self.uncached);
+                if *own == 0 {
+                    load.by_caller.remove(c);
+                }
+            }
+        }
+    }
+}
+
+impl Drop for PrefillLease {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tracker() -> PrefillTracker {
+        PrefillTracker::new(PrefillConfig::default())
+    }
+
+    #[test]
+    fn warm_continuations_are_charged_their_growth() {
+        let t = tracker();
+        let now = Instant::now();
+        t.remember(Some("k"), "e", 490_000, now);
+        assert_eq!(t.uncached_estimate(Some("k"), "e", 500_000, now), 10_000);
+        assert_eq!(
+            t.uncached_estimate(Some("k"), "e", 400_000, now),
+            0,
+            "shrinking"
+        );
+        assert_eq!(
+            t.uncached_estimate(Some("k"), "other", 500_000, now),
+            500_000
+        );
+        assert_eq!(t.uncached_estimate(Some("x"), "e", 500_000, now), 500_000);
+        let stale = now + Duration::from_secs(1201);
+        assert_eq!(t.uncached_estimate(Some("k"), "e", 500_000, stale), 500_000);
+    }
+
+    #[test]
+    fn leases_count_backlog_and_elephants_until_released_or_dropped() {
+        let t = tracker();
+        let mut small = t.acquire(Some("a".into()), "e", 1_000);
+        let big = t.acquire(Some("b".into()), "e", 250_000);
+        assert_eq!(
+            t.load("e"),
+            Load {
+                backlog_tokens: 251_000,
+                elephants: 1
+            }
+        );
+        assert_eq!(
+            t.backlog_excluding("e", Some("b")),
+            1_000,
+            "own load discounted"
+        );
+        small.release();
+        small.release();
+        assert_eq!(t.load("e").backlog_tokens, 250_000, "release is idempotent");
+        drop(big);
+        assert_eq!(t.load("e"), Load::default());
+    }
+}

@@ -1,0 +1,176 @@
+//! Caller identity: the one key every dispatching endpoint publishes so session affinity and key
+//! pools see the same caller.
+//!
+//! First match wins: an authenticated caller is the hash of its API key; a caller using an
+//! inference grant is `grant:<id>`; an anonymous caller is `ip:<bucket>`, where IPv6 collapses to
+//! its /64 (rotating privacy addresses stay on one backend) and IPv4 is the address. The client IP
+//! is the socket's peer, or comes from `X-Forwarded-For` only when the peer is a trusted proxy.
+
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
+
+use axum::http::{HeaderMap, header};
+use ipnet::IpNet;
+use sha2::{Digest, Sha256};
+
+/// Who is calling, for routing purposes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Caller {
+    /// The affinity key; `None` for internal traffic (probes, warm-up).
+    pub key: Option<Arc<str>>,
+    /// A stable 64-bit hash of the key for strategies; 0 without one.
+    pub hash: u64,
+}
+
+impl Caller {
+    fn from_key(key: String) -> Caller {
+        let digest = Sha256::digest(key.as_bytes());
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&digest[..8]);
+        Caller {
+            key: Some(key.into()),
+            hash: u64::from_le_bytes(first),
+        }
+    }
+}
+
+/// The credential a client presented: `Authorization: Bearer` or Anthropic's `x-api-key`.
+pub fn presented_key(headers: &HeaderMap) -> Option<&str> {
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim());
+    bearer
+        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
+        .filter(|k| !k.is_empty())
+}
+
+/// Derives the caller of a request.
+pub fn identify(headers: &HeaderMap, peer: Option<SocketAddr>, trusted: &[IpNet]) -> Caller {
+    if let Some(key) = presented_key(headers) {
+        let digest = Sha256::digest(key.as_bytes());
+        return Caller::from_key(format!("key:{}", hex::encode(&digest[..16])));
+    }
+    if let Some(grant) = headers
+        .get("x-inference-grant")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|g| !g.is_empty())
+    {
+        return Caller::from_key(format!("grant:{grant}"));
+    }
+    match peer.map(|p| client_ip(headers, p.ip(), trusted)) {
+        Some(ip) => Caller::from_key(format!("ip:{}", bucket(ip))),
+        None => Caller::default(),
+    }
+}
+
+/// The client address: the peer, unless the peer is a trusted proxy, in which case the rightmost
+/// `X-Forwarded-For` entry that is not itself a trusted proxy.
+pub fn client_ip(headers: &HeaderMap, peer: IpAddr, trusted: &[IpNet]) -> IpAddr {
+    let is_trusted = |ip: &IpAddr| trusted.iter().any(|net| net.contains(&canonical(*ip)));
+    if !is_trusted(&peer) {
+        return peer;
+    }
+    let forwarded: Vec<IpAddr> = headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|part| part.trim().parse::<IpAddr>().ok())
+        .collect();
+    forwarded
+        .iter()
+        .rev()
+        .find(|ip| !is_trusted(ip))
+        .or_else(|| forwarded.first())
+        .copied()
+        .unwrap_or(peer)
+}
+
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6
+            .to_ipv4_mapped()
+            .map(IpAddr::V4)
+            .unwrap_or(IpAddr::V6(v6)),
+        v4 => v4,
+    }
+}
+
+/// IPv4: the address. IPv6: its /64.
+fn bucket(ip: IpAddr) -> String {
+    match canonical(ip) {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => {
+            let s = v6.segments();
+            let prefix = Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0);
+            format!("{prefix}/64")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn peer(ip: &str) -> Option<SocketAddr> {
+        Some(SocketAddr::new(ip.parse().unwrap(), 40000))
+    }
+
+    #[test]
+    fn api_keys_win_over_addresses() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer sk-abc"),
+        );
+        let a = identify(&h, peer("10.0.0.1"), &[]);
+        let mut h2 = HeaderMap::new();
+        h2.insert("x-api-key", HeaderValue::from_static("sk-abc"));
+        let b = identify(&h2, peer("10.0.0.2"), &[]);
+        assert_eq!(a, b, "the same key from two addresses is one caller");
+        assert!(a.key.as_deref().unwrap().starts_with("key:"));
+        assert!(
+            !a.key.as_deref().unwrap().contains("sk-abc"),
+            "keys are hashed"
+        );
+    }
+
+    #[test]
+    fn ipv6_collapses_to_its_64() {
+        let a = identify(&HeaderMap::new(), peer("2001:db8:1:2:aaaa::1"), &[]);
+        let b = identify(&HeaderMap::new(), peer("2001:db8:1:2:bbbb::9"), &[]);
+        let c = identify(&HeaderMap::new(), peer("2001:db8:1:3::1"), &[]);
+        assert_eq!(a.key.as_deref(), Some("ip:2001:db8:1:2::/64"));
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        let v4 = identify(&HeaderMap::new(), peer("::ffff:192.0.2.7"), &[]);
+        assert_eq!(v4.key.as_deref(), Some("ip:192.0.2.7"));
+    }
+
+    #[test]
+    fn forwarded_for_is_believed_only_from_trusted_proxies() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "x-forwarded-for",
+            HeaderValue::from_static("198.51.100.9, 10.0.0.5"),
+        );
+        let trusted: Vec<IpNet> = vec!["10.0.0.0/8".parse().unwrap()];
+        assert_eq!(
+            client_ip(&h, "10.0.0.1".parse().unwrap(), &trusted).to_string(),
+            "198.51.100.9"
+        );
+        assert_eq!(
+            client_ip(&h, "203.0.113.1".parse().unwrap(), &trusted).to_string(),
+            "203.0.113.1"
+        );
+        assert_eq!(
+            client_ip(&h, "10.0.0.1".parse().unwrap(), &[]).to_string(),
+            "10.0.0.1"
+        );
+    }
+}
