@@ -38,6 +38,8 @@ pub struct StoreState {
     pub(super) stderr: MemoryOutputPipe,
     /// `name version` of the strategy, for the guest's log lines.
     pub(super) label: String,
+    /// The budget of the call in progress, checked when the epoch deadline fires.
+    pub(super) budget: super::engine::CallBudget,
 }
 
 impl WasiView for StoreState {

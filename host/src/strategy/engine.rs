@@ -21,6 +21,32 @@ pub const SETUP_TIMEOUT: Duration = Duration::from_secs(1);
 /// Bytes of guest stderr kept per instance (a panic message fits; a chatty guest is cut off).
 const STDERR_CAPTURE_BYTES: usize = 8 * 1024;
 
+/// What one call may spend. The deadline is CPU time, not wall time: on a saturated machine a
+/// thread can be descheduled for longer than a strategy's whole deadline, and killing the instance
+/// for that would reset its state for nothing.
+///
+/// The epoch deadline fires after `cpu_budget` of wall time (the fast path pays nothing more); the
+/// callback then reads the thread's CPU clock and lets the guest go on, tick by tick, until it has
+/// used `cpu_budget` of CPU since that first check. A guest that really computes is stopped after
+/// at most twice its budget; one merely preempted runs to completion. A wall-clock backstop stops
+/// everything at `backstop_ticks`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CallBudget {
+    pub(super) cpu_budget: Duration,
+    pub(super) backstop_ticks: u64,
+    pub(super) extended_ticks: u64,
+    /// The thread's CPU clock at the first deadline check.
+    pub(super) cpu_mark: Option<Duration>,
+}
+
+/// The error a call ends with when its budget is spent.
+#[derive(Debug, thiserror::Error)]
+#[error("deadline elapsed")]
+pub(super) struct DeadlineElapsed;
+
+/// Wall-clock multiple of the deadline after which a call is stopped whatever its CPU use.
+const BACKSTOP_FACTOR: u32 = 20;
+
 /// Limits applied to every call into a strategy.
 #[derive(Debug, Clone, Copy)]
 pub struct StrategyLimits {
@@ -111,17 +137,52 @@ impl StrategyEngine {
                 limits,
                 stderr,
                 label: label.to_owned(),
+                budget: CallBudget::default(),
             },
         );
         store.limiter(|state| &mut state.limits);
-        store.set_epoch_deadline(ticks(SETUP_TIMEOUT));
+        store.epoch_deadline_callback(|mut ctx| {
+            let budget = &mut ctx.data_mut().budget;
+            budget.extended_ticks += 1;
+            if budget.extended_ticks > budget.backstop_ticks {
+                return Err(wasmtime::Error::new(DeadlineElapsed));
+            }
+            match budget.cpu_mark {
+                None => match cpu_time::ThreadTime::try_now() {
+                    Ok(mark) => budget.cpu_mark = Some(mark.as_duration()),
+                    // Without a CPU clock the wall-clock deadline is all there is.
+                    Err(_) => return Err(wasmtime::Error::new(DeadlineElapsed)),
+                },
+                Some(mark) => {
+                    let used = cpu_time::ThreadTime::try_now()
+                        .map(|now| now.as_duration().saturating_sub(mark));
+                    if used.map_or(true, |used| used >= budget.cpu_budget) {
+                        return Err(wasmtime::Error::new(DeadlineElapsed));
+                    }
+                }
+            }
+            Ok(wasmtime::UpdateDeadline::Continue(1))
+        });
+        arm(&mut store, SETUP_TIMEOUT);
         store
     }
+}
 
-    /// Epoch ticks for a deadline.
-    pub(super) fn ticks(&self, deadline: Duration) -> u64 {
-        ticks(deadline)
-    }
+/// Arms the budget of the next call: `deadline` of CPU time, 20× that of wall time.
+pub(super) fn arm(store: &mut Store<StoreState>, deadline: Duration) {
+    let first = ticks(deadline);
+    store.data_mut().budget = CallBudget {
+        cpu_budget: deadline,
+        backstop_ticks: first.saturating_mul(u64::from(BACKSTOP_FACTOR)),
+        extended_ticks: 0,
+        cpu_mark: None,
+    };
+    store.set_epoch_deadline(first);
+}
+
+/// The wall-clock limit of a call, for host-side waits that epochs cannot interrupt.
+pub(super) fn wall_backstop(deadline: Duration) -> Duration {
+    deadline * BACKSTOP_FACTOR + EPOCH_TICK * 2
 }
 
 fn ticks(deadline: Duration) -> u64 {

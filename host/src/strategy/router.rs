@@ -15,7 +15,7 @@ use super::bindings::{
     Candidate, Decision, Observation, Request, Route, StoreState, StrategyComponent,
 };
 use super::catalog::LoadedStrategy;
-use super::engine::{SETUP_TIMEOUT, StrategyEngine};
+use super::engine::{DeadlineElapsed, SETUP_TIMEOUT, StrategyEngine, arm, wall_backstop};
 
 struct LiveInstance {
     store: Store<StoreState>,
@@ -87,7 +87,7 @@ impl ModelRouter {
             Ok(b) => b,
             Err(e) => return Err(self.trap("instantiate", &store, e)),
         };
-        store.set_epoch_deadline(self.engine.ticks(SETUP_TIMEOUT));
+        arm(&mut store, SETUP_TIMEOUT);
         let created = bounded(
             SETUP_TIMEOUT,
             bindings.switchyard_router_strategy().router().call_create(
@@ -109,7 +109,7 @@ impl ModelRouter {
             Err(e) => return Err(self.trap("create", &store, e)),
         };
         let routes = self.route_table.lock().clone();
-        store.set_epoch_deadline(self.engine.ticks(SETUP_TIMEOUT));
+        arm(&mut store, SETUP_TIMEOUT);
         let refreshed = bounded(
             SETUP_TIMEOUT,
             bindings
@@ -179,7 +179,7 @@ impl ModelRouter {
         ) || e.downcast_ref::<DeadlineElapsed>().is_some();
         let reason = if interrupted {
             format!(
-                "exceeded its deadline of {} ms",
+                "exceeded its deadline of {} ms of CPU time",
                 self.engine.limits().call_timeout.as_millis()
             )
         } else {
@@ -248,8 +248,7 @@ impl ModelRouter {
         let Some(live) = slot.as_mut() else {
             return Err(StrategyError::Engine("instance slot empty".into()));
         };
-        live.store
-            .set_epoch_deadline(self.engine.ticks(self.engine.limits().call_timeout));
+        arm(&mut live.store, self.engine.limits().call_timeout);
         let result = bounded(
             self.engine.limits().call_timeout,
             live.bindings
@@ -276,8 +275,7 @@ impl ModelRouter {
         let Some(live) = slot.as_mut() else {
             return Err(StrategyError::Engine("instance slot empty".into()));
         };
-        live.store
-            .set_epoch_deadline(self.engine.ticks(SETUP_TIMEOUT));
+        arm(&mut live.store, SETUP_TIMEOUT);
         let result = bounded(
             SETUP_TIMEOUT,
             live.bindings
@@ -294,8 +292,7 @@ impl ModelRouter {
         let Some(live) = slot.as_mut() else {
             return Err(StrategyError::Engine("instance slot empty".into()));
         };
-        live.store
-            .set_epoch_deadline(self.engine.ticks(self.engine.limits().call_timeout));
+        arm(&mut live.store, self.engine.limits().call_timeout);
         let result = bounded(
             self.engine.limits().call_timeout,
             live.bindings
@@ -312,8 +309,7 @@ impl ModelRouter {
         let Some(live) = slot.as_mut() else {
             return Err(StrategyError::Engine("instance slot empty".into()));
         };
-        live.store
-            .set_epoch_deadline(self.engine.ticks(self.engine.limits().call_timeout));
+        arm(&mut live.store, self.engine.limits().call_timeout);
         let result = bounded(
             self.engine.limits().call_timeout,
             live.bindings
@@ -330,8 +326,7 @@ impl ModelRouter {
         let Some(live) = slot.as_mut() else {
             return Err(StrategyError::Engine("instance slot empty".into()));
         };
-        live.store
-            .set_epoch_deadline(self.engine.ticks(self.engine.limits().call_timeout));
+        arm(&mut live.store, self.engine.limits().call_timeout);
         let result = bounded(
             self.engine.limits().call_timeout,
             live.bindings
@@ -381,18 +376,13 @@ impl ModelRouter {
     }
 }
 
-/// A call awaiting a host future (a guest sleeping, say) is not interrupted by epochs, which only
-/// tick inside wasm code; a timer bounds it too. The margin lets the epoch deadline fire first
-/// for CPU-bound guests, which yields the clearer trap.
-#[derive(Debug, thiserror::Error)]
-#[error("deadline elapsed")]
-struct DeadlineElapsed;
-
+/// A call awaiting a host future (a guest blocked on WASI I/O) is not interrupted by epochs, which
+/// only tick inside wasm code; a timer at the wall-clock backstop bounds it too.
 async fn bounded<T>(
     deadline: Duration,
     call: impl std::future::Future<Output = wasmtime::Result<T>>,
 ) -> wasmtime::Result<T> {
-    match tokio::time::timeout(deadline * 2 + Duration::from_millis(2), call).await {
+    match tokio::time::timeout(wall_backstop(deadline), call).await {
         Ok(result) => result,
         Err(_) => Err(wasmtime::Error::new(DeadlineElapsed)),
     }
