@@ -66,7 +66,8 @@ enum Command {
         #[command(subcommand)]
         command: StrategiesCommand,
     },
-    /// Run a simulated OpenAI-compatible upstream.
+    /// Run a simulated upstream speaking OpenAI Chat Completions, OpenAI Responses and Anthropic
+    /// Messages (and embeddings).
     MockUpstream {
         /// Port to listen on; 0 picks a free one (printed on the first line).
         #[arg(long, default_value_t = 9001)]
@@ -88,6 +89,13 @@ enum Command {
         /// Tokens per answer (capped by the request's max_tokens).
         #[arg(long, default_value_t = 16)]
         completion_tokens: u32,
+        /// Serve only this chat protocol (openai, openai_responses, anthropic); the other chat
+        /// endpoints answer 404. All three by default.
+        #[arg(long)]
+        protocol: Option<switchyard::protocol::Dialect>,
+        /// Answer with a tool call (get_weather {"city":"Paris"}) when the request offers tools.
+        #[arg(long)]
+        tool_call: bool,
     },
 }
 
@@ -145,6 +153,8 @@ fn main() -> anyhow::Result<()> {
             fail_rate,
             model,
             completion_tokens,
+            protocol,
+            tool_call,
         } => {
             let ip = host
                 .parse()
@@ -157,6 +167,8 @@ fn main() -> anyhow::Result<()> {
                     fail_rate,
                     model,
                     completion_tokens,
+                    protocol,
+                    tool_call,
                 })
                 .await
                 .context("mock upstream")

@@ -1,9 +1,12 @@
-//! `switchyard mock-upstream`: a simulated OpenAI-compatible upstream for demos, tests and benchmarks.
+//! `switchyard mock-upstream`: a simulated upstream for demos, tests and benchmarks.
 //!
-//! It answers Chat Completions (JSON and SSE with realistic framing and usage) after a configurable
-//! time to first token and token rate, fails on command, and counts what it received so tests can
-//! assert what reached each upstream.
+//! It speaks the three chat protocols — OpenAI Chat Completions, OpenAI Responses and Anthropic
+//! Messages — plus OpenAI embeddings, as JSON and as SSE with each protocol's real framing and
+//! usage, after a configurable time to first token and token rate. It fails on command, can answer
+//! with a tool call, and counts what it received so tests can assert what reached each upstream.
+//! Answers are rendered by the same `protocol` builders and encoders the gateway uses for clients.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,12 +14,18 @@ use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::protocol::ir::{self, FinishReason, Output, Role, StreamEvent, ToolChoice, Usage};
+use crate::protocol::{Dialect, ids};
+
+mod embeddings;
 
 /// Start-up options (the CLI flags).
 #[derive(Debug, Clone)]
@@ -28,32 +37,66 @@ pub struct MockOptions {
     pub fail_rate: f64,
     pub model: String,
     pub completion_tokens: u32,
+    /// Serve only this chat protocol (the others answer 404); all three when `None`.
+    pub protocol: Option<Dialect>,
+    /// Answer with a call of an offered tool (see [`TOOL_ARGUMENTS`]) instead of text.
+    pub tool_call: bool,
 }
+
+impl MockOptions {
+    /// Options with the CLI defaults, listening on `listen`.
+    pub fn new(listen: SocketAddr) -> Self {
+        Self {
+            listen,
+            ttft_ms: 0,
+            tokens_per_s: 0.0,
+            fail_rate: 0.0,
+            model: "sim".into(),
+            completion_tokens: 16,
+            protocol: None,
+            tool_call: false,
+        }
+    }
+}
+
+/// The tool a `--tool-call` mock prefers when it is offered.
+pub const TOOL_NAME: &str = "get_weather";
+/// The arguments of every mock tool call, streamed in two pieces.
+pub const TOOL_ARGUMENTS: [&str; 2] = ["{\"city\":", "\"Paris\"}"];
 
 /// Behaviour that tests can change at run time through `POST /_mock/behaviour`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Behaviour {
-    /// Answer chat requests with this status instead of a completion.
+    /// Answer chat and embedding requests with this status instead of a completion.
     pub fail_status: Option<u16>,
     /// How many requests `fail_status` applies to; unlimited when absent.
     pub fail_count: Option<u64>,
-    /// Break streams (drop the connection) after this many events.
+    /// Break streams (drop the connection) after this many SSE events.
     pub break_stream_after_events: Option<u32>,
     pub ttft_ms: Option<u64>,
     pub tokens_per_s: Option<f64>,
-    /// `GET /health` answers 503 when false.
+    /// `GET /health` answers 503 when true.
     pub unhealthy: bool,
 }
 
 /// What the mock received, for assertions.
 #[derive(Debug, Default, Serialize)]
 pub struct Stats {
+    /// Requests to any chat endpoint this mock serves (Chat Completions, Responses, Messages).
     pub chat_requests: u64,
+    pub embedding_requests: u64,
     pub failed_on_command: u64,
     pub streams_completed: u64,
-    pub last_body: Option<serde_json::Value>,
+    pub last_body: Option<Value>,
+    /// The `Authorization` header, or else the `x-api-key` header, of the last request.
     pub last_authorization: Option<String>,
+    /// Which header `last_authorization` came from: `authorization` or `x-api-key`.
+    pub last_auth_header: Option<String>,
+    pub last_anthropic_version: Option<String>,
+    pub last_path: Option<String>,
+    /// Requests per path, including ones answered 404 because of `--protocol`.
+    pub paths: BTreeMap<String, u64>,
 }
 
 struct MockState {
@@ -88,9 +131,20 @@ fn announce(addr: SocketAddr) -> std::io::Result<()> {
 }
 
 fn router(state: Arc<MockState>) -> Router {
-    Router::new()
-        .route("/v1/chat/completions", post(chat))
-        .route("/chat/completions", post(chat))
+    let mut router = Router::new();
+    for dialect in Dialect::ALL {
+        let handler = post(
+            move |state: State<Arc<MockState>>, uri: Uri, headers: HeaderMap, body: Bytes| {
+                chat(state, uri, headers, body, dialect)
+            },
+        );
+        router = router
+            .route(&format!("/v1{}", dialect.path()), handler.clone())
+            .route(dialect.path(), handler);
+    }
+    router
+        .route("/v1/embeddings", post(embeddings::handle))
+        .route("/embeddings", post(embeddings::handle))
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/_mock/behaviour", post(set_behaviour))
@@ -107,8 +161,8 @@ async fn health(State(state): State<Arc<MockState>>) -> StatusCode {
     }
 }
 
-async fn models(State(state): State<Arc<MockState>>) -> Json<serde_json::Value> {
-    Json(serde_json::json!({
+async fn models(State(state): State<Arc<MockState>>) -> Json<Value> {
+    Json(json!({
         "object": "list",
         "data": [{ "id": state.options.model, "object": "model", "created": 0, "owned_by": "mock" }]
     }))
@@ -122,7 +176,7 @@ async fn set_behaviour(
     StatusCode::NO_CONTENT
 }
 
-async fn stats(State(state): State<Arc<MockState>>) -> Json<serde_json::Value> {
+async fn stats(State(state): State<Arc<MockState>>) -> Json<Value> {
     let mut value = serde_json::to_value(&*state.stats.lock()).unwrap_or_default();
     value["streams_completed"] = state.completed.load(Ordering::Relaxed).into();
     value["port"] = state.port.into();
@@ -136,149 +190,303 @@ async fn reset(State(state): State<Arc<MockState>>) -> StatusCode {
     StatusCode::NO_CONTENT
 }
 
-fn error_response(status: u16, message: &str) -> Response {
+/// An error in the shape of the protocol the request spoke.
+fn error_response(dialect: Dialect, status: u16, message: &str) -> Response {
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    (
-        status,
-        Json(serde_json::json!({
-            "error": { "message": message, "type": "mock_error", "param": null, "code": status.as_u16() }
-        })),
-    )
-        .into_response()
+    (status, Json(dialect.error_body(status.as_u16(), message))).into_response()
+}
+
+/// Which request kind a call counts as.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Chat,
+    Embeddings,
+}
+
+/// Records the request and applies the failure behaviours; `Err` is the status and message of the
+/// error to answer instead.
+fn admit(
+    state: &MockState,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: &[u8],
+    kind: Kind,
+    dialect: Dialect,
+) -> Result<Behaviour, (u16, String)> {
+    let mut stats = state.stats.lock();
+    let path = uri.path().to_owned();
+    *stats.paths.entry(path.clone()).or_default() += 1;
+    stats.last_path = Some(path);
+    if kind == Kind::Chat
+        && let Some(only) = state.options.protocol
+        && only != dialect
+    {
+        return Err((
+            404,
+            format!(
+                "this mock speaks only the {only} protocol (POST /v1{})",
+                only.path()
+            ),
+        ));
+    }
+    let request: Value =
+        serde_json::from_slice(body).map_err(|e| (400, format!("invalid JSON: {e}")))?;
+    match kind {
+        Kind::Chat => stats.chat_requests += 1,
+        Kind::Embeddings => stats.embedding_requests += 1,
+    }
+    stats.last_body = Some(request);
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let (auth, auth_header) = match (header("authorization"), header("x-api-key")) {
+        (Some(a), _) => (Some(a), Some("authorization")),
+        (None, Some(k)) => (Some(k), Some("x-api-key")),
+        (None, None) => (None, None),
+    };
+    stats.last_authorization = auth;
+    stats.last_auth_header = auth_header.map(str::to_owned);
+    stats.last_anthropic_version = header("anthropic-version");
+    let mut behaviour = state.behaviour.lock();
+    if let Some(status) = behaviour.fail_status {
+        let applies = match behaviour.fail_count.as_mut() {
+            None => true,
+            Some(0) => false,
+            Some(n) => {
+                *n -= 1;
+                true
+            }
+        };
+        if applies {
+            stats.failed_on_command += 1;
+            return Err((status, "failing on command".to_owned()));
+        }
+    }
+    let behaviour = behaviour.clone();
+    drop(stats);
+    if state.options.fail_rate > 0.0 && rand::random::<f64>() < state.options.fail_rate {
+        return Err((500, "simulated random failure".to_owned()));
+    }
+    Ok(behaviour)
+}
+
+/// The pacing of one answer.
+struct Pace {
+    ttft: Duration,
+    per_token: Duration,
+}
+
+impl Pace {
+    fn new(state: &MockState, behaviour: &Behaviour) -> Self {
+        let tps = behaviour.tokens_per_s.unwrap_or(state.options.tokens_per_s);
+        Self {
+            ttft: Duration::from_millis(behaviour.ttft_ms.unwrap_or(state.options.ttft_ms)),
+            per_token: if tps > 0.0 {
+                Duration::from_secs_f64(1.0 / tps)
+            } else {
+                Duration::ZERO
+            },
+        }
+    }
+}
+
+/// What the mock will answer, before it is rendered in a protocol.
+struct Answer {
+    id: String,
+    model: String,
+    /// Text tokens, or the pieces of a tool call's arguments.
+    pieces: Vec<String>,
+    tool_call: Option<(String, String)>,
+    finish: FinishReason,
+    usage: Usage,
+}
+
+impl Answer {
+    fn plan(state: &MockState, request: &ir::Request) -> Self {
+        let options = &state.options;
+        let usage = |output_tokens: usize| Usage {
+            input_tokens: request.prompt_token_estimate(),
+            output_tokens: u32::try_from(output_tokens).unwrap_or(u32::MAX),
+            ..Usage::default()
+        };
+        if let Some(name) = tool_to_call(options, request) {
+            let pieces: Vec<String> = TOOL_ARGUMENTS.iter().map(|s| (*s).to_owned()).collect();
+            return Answer {
+                id: ids::random("mock"),
+                model: request.model.clone(),
+                usage: usage(pieces.len()),
+                pieces,
+                tool_call: Some((ids::random("call_mock"), name)),
+                finish: FinishReason::ToolCalls,
+            };
+        }
+        let n = request
+            .max_output_tokens
+            .unwrap_or(options.completion_tokens)
+            .min(options.completion_tokens)
+            .max(1);
+        let pieces = reply_tokens(&options.model, state.port, n);
+        let finish = if request
+            .max_output_tokens
+            .is_some_and(|m| m < options.completion_tokens)
+        {
+            FinishReason::Length
+        } else {
+            FinishReason::Stop
+        };
+        Answer {
+            id: ids::random("mock"),
+            model: request.model.clone(),
+            usage: usage(pieces.len()),
+            pieces,
+            tool_call: None,
+            finish,
+        }
+    }
+
+    fn response(&self) -> ir::Response {
+        let output = match &self.tool_call {
+            Some((id, name)) => vec![Output::ToolCall(ir::ToolCall {
+                id: id.clone(),
+                name: name.clone(),
+                arguments: self.pieces.concat(),
+            })],
+            None => vec![Output::Text(self.pieces.concat())],
+        };
+        ir::Response {
+            id: self.id.clone(),
+            model: self.model.clone(),
+            created: Some(ids::now()),
+            output,
+            finish: self.finish.clone(),
+            stop_sequence: None,
+            usage: self.usage,
+        }
+    }
+
+    /// The answer as IR stream events, each with the pause before it.
+    fn events(&self, pace: &Pace) -> Vec<(StreamEvent, Duration)> {
+        let mut events = vec![(
+            StreamEvent::Start {
+                id: self.id.clone(),
+                model: self.model.clone(),
+            },
+            pace.ttft,
+        )];
+        if let Some((id, name)) = &self.tool_call {
+            events.push((
+                StreamEvent::ToolCallStart {
+                    index: 0,
+                    id: id.clone(),
+                    name: name.clone(),
+                },
+                Duration::ZERO,
+            ));
+        }
+        for piece in &self.pieces {
+            let event = match self.tool_call {
+                Some(_) => StreamEvent::ToolCallDelta {
+                    index: 0,
+                    arguments: piece.clone(),
+                },
+                None => StreamEvent::TextDelta(piece.clone()),
+            };
+            events.push((event, pace.per_token));
+        }
+        events.push((
+            StreamEvent::Finish {
+                reason: self.finish.clone(),
+                stop_sequence: None,
+            },
+            Duration::ZERO,
+        ));
+        events.push((StreamEvent::Usage(self.usage), Duration::ZERO));
+        events.push((StreamEvent::Done, Duration::ZERO));
+        events
+    }
+}
+
+/// The tool a `--tool-call` mock calls: the one the client forces, else `get_weather` if offered,
+/// else the first offered. None when no tool is offered, tools are switched off, or the last
+/// message already carries tool results (so an agent loop ends with text).
+fn tool_to_call(options: &MockOptions, request: &ir::Request) -> Option<String> {
+    if !options.tool_call || !request.has_tools() {
+        return None;
+    }
+    if request
+        .messages
+        .last()
+        .is_some_and(|m| m.role == Role::Tool)
+    {
+        return None;
+    }
+    match &request.tool_choice {
+        Some(ToolChoice::None) => None,
+        Some(ToolChoice::Function(name)) => Some(name.clone()),
+        _ => request
+            .tools
+            .iter()
+            .find(|t| t.name == TOOL_NAME)
+            .or_else(|| request.tools.first())
+            .map(|t| t.name.clone()),
+    }
 }
 
 async fn chat(
     State(state): State<Arc<MockState>>,
-    headers: axum::http::HeaderMap,
+    uri: Uri,
+    headers: HeaderMap,
     body: Bytes,
+    dialect: Dialect,
 ) -> Response {
-    let request: serde_json::Value = match serde_json::from_slice(&body) {
-        Ok(v) => v,
-        Err(e) => return error_response(400, &format!("invalid JSON: {e}")),
+    let behaviour = match admit(&state, &uri, &headers, &body, Kind::Chat, dialect) {
+        Ok(b) => b,
+        Err((status, message)) => return error_response(dialect, status, &message),
     };
-    let behaviour = {
-        let mut stats = state.stats.lock();
-        stats.chat_requests += 1;
-        stats.last_body = Some(request.clone());
-        stats.last_authorization = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        let mut behaviour = state.behaviour.lock();
-        if let Some(status) = behaviour.fail_status {
-            let applies = match behaviour.fail_count.as_mut() {
-                None => true,
-                Some(0) => false,
-                Some(n) => {
-                    *n -= 1;
-                    true
-                }
-            };
-            if applies {
-                stats.failed_on_command += 1;
-                return error_response(status, "failing on command");
-            }
+    let request = match dialect.parse_request(&body) {
+        Ok(r) => r,
+        Err(reason) => return error_response(dialect, 400, &reason),
+    };
+    let pace = Pace::new(&state, &behaviour);
+    let answer = Answer::plan(&state, &request);
+
+    if !request.stream {
+        let tokens = u32::try_from(answer.pieces.len()).unwrap_or(u32::MAX);
+        tokio::time::sleep(pace.ttft + pace.per_token * tokens).await;
+        let body = dialect.build_response(&answer.response(), &answer.model);
+        return ([(header::CONTENT_TYPE, "application/json")], body).into_response();
+    }
+
+    // The encoder mirrors the request: Chat usage only when asked, Anthropic's input estimate.
+    let mut encoder = dialect.encoder_for(&answer.model, &request);
+    let mut frames: Vec<(Bytes, Duration)> = Vec::new();
+    for (event, pause) in answer.events(&pace) {
+        for (i, frame) in encoder.encode(&event).into_iter().enumerate() {
+            frames.push((frame, if i == 0 { pause } else { Duration::ZERO }));
         }
-        behaviour.clone()
-    };
-    if state.options.fail_rate > 0.0 && rand::random::<f64>() < state.options.fail_rate {
-        return error_response(500, "simulated random failure");
     }
-    if request.get("messages").and_then(|m| m.as_array()).is_none() {
-        return error_response(400, "`messages` is required");
-    }
+    stream_response(
+        state,
+        frames,
+        behaviour.break_stream_after_events,
+        pace.per_token,
+    )
+}
 
-    let ttft = Duration::from_millis(behaviour.ttft_ms.unwrap_or(state.options.ttft_ms));
-    let tps = behaviour.tokens_per_s.unwrap_or(state.options.tokens_per_s);
-    let per_token = if tps > 0.0 {
-        Duration::from_secs_f64(1.0 / tps)
-    } else {
-        Duration::ZERO
-    };
-    let max_tokens = request
-        .get("max_completion_tokens")
-        .or_else(|| request.get("max_tokens"))
-        .and_then(|v| v.as_u64())
-        .map(|n| n.min(u64::from(u32::MAX)) as u32);
-    let n_tokens = max_tokens
-        .unwrap_or(state.options.completion_tokens)
-        .min(state.options.completion_tokens)
-        .max(1);
-    let tokens = reply_tokens(&state.options.model, state.port, n_tokens);
-    let prompt_tokens = estimate_prompt_tokens(&request);
-    let model = request
-        .get("model")
-        .and_then(|m| m.as_str())
-        .unwrap_or(&state.options.model)
-        .to_owned();
-    let finish_reason = if max_tokens.is_some_and(|m| m < state.options.completion_tokens) {
-        "length"
-    } else {
-        "stop"
-    };
-    let id = format!("chatcmpl-mock{}", rand::random::<u32>());
-    let created = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let usage = serde_json::json!({
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": tokens.len(),
-        "total_tokens": prompt_tokens + tokens.len() as u64,
-    });
-
-    let stream = request.get("stream").and_then(|s| s.as_bool()) == Some(true);
-    if !stream {
-        tokio::time::sleep(ttft + per_token * (tokens.len() as u32)).await;
-        return Json(serde_json::json!({
-            "id": id,
-            "object": "chat.completion",
-            "created": created,
-            "model": model,
-            "choices": [{
-                "index": 0,
-                "message": { "role": "assistant", "content": tokens.concat() },
-                "finish_reason": finish_reason,
-            }],
-            "usage": usage,
-        }))
-        .into_response();
-    }
-
-    let include_usage = request
-        .pointer("/stream_options/include_usage")
-        .and_then(|v| v.as_bool())
-        == Some(true);
-    let chunk = |delta: serde_json::Value, finish: Option<&str>| {
-        let c = serde_json::json!({
-            "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-            "choices": [{ "index": 0, "delta": delta, "finish_reason": finish }],
-        });
-        format!("data: {c}\n\n")
-    };
-    let mut events = Vec::with_capacity(tokens.len() + 4);
-    events.push(chunk(
-        serde_json::json!({ "role": "assistant", "content": "" }),
-        None,
-    ));
-    for t in &tokens {
-        events.push(chunk(serde_json::json!({ "content": t }), None));
-    }
-    events.push(chunk(serde_json::json!({}), Some(finish_reason)));
-    if include_usage {
-        let c = serde_json::json!({
-            "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-            "choices": [], "usage": usage,
-        });
-        events.push(format!("data: {c}\n\n"));
-    }
-    events.push("data: [DONE]\n\n".to_owned());
-
-    let break_after = behaviour.break_stream_after_events;
-    let completed = state.clone();
+/// Sends `frames` with their pauses, breaking the connection after `break_after` frames.
+fn stream_response(
+    state: Arc<MockState>,
+    frames: Vec<(Bytes, Duration)>,
+    break_after: Option<u32>,
+    per_token: Duration,
+) -> Response {
+    let frames = Arc::new(frames);
     let body = futures::stream::unfold(0usize, move |i| {
-        let events = events.clone();
-        let completed = completed.clone();
+        let frames = frames.clone();
+        let state = state.clone();
         async move {
             if i == usize::MAX {
                 return None;
@@ -294,24 +502,21 @@ async fn chat(
                     usize::MAX,
                 ));
             }
-            if i >= events.len() {
-                completed.completed.fetch_add(1, Ordering::Relaxed);
+            let Some((frame, pause)) = frames.get(i) else {
+                state.completed.fetch_add(1, Ordering::Relaxed);
                 return None;
+            };
+            if !pause.is_zero() {
+                tokio::time::sleep(*pause).await;
             }
-            // The first event waits for "prefill"; content events for the token rate.
-            if i == 0 {
-                tokio::time::sleep(ttft).await;
-            } else if i < events.len() - 2 && !per_token.is_zero() {
-                tokio::time::sleep(per_token).await;
-            }
-            Some((Ok(Bytes::from(events[i].clone())), i + 1))
+            Some((Ok::<_, std::io::Error>(frame.clone()), i + 1))
         }
     });
     Response::builder()
         .header(header::CONTENT_TYPE, "text/event-stream")
         .header(header::CACHE_CONTROL, "no-cache")
         .body(Body::from_stream(body))
-        .unwrap_or_else(|_| error_response(500, "cannot build stream"))
+        .unwrap_or_else(|_| error_response(Dialect::OpenAiChat, 500, "cannot build stream"))
 }
 
 /// The answer text, one entry per token, naming the model and port so tests can tell who answered.
@@ -334,24 +539,5 @@ fn reply_tokens(model: &str, port: u16, n: u32) -> Vec<String> {
     tokens
 }
 
-fn estimate_prompt_tokens(request: &serde_json::Value) -> u64 {
-    let chars: usize = request
-        .get("messages")
-        .and_then(|m| m.as_array())
-        .map(|messages| {
-            messages
-                .iter()
-                .map(|m| match m.get("content") {
-                    Some(serde_json::Value::String(s)) => s.chars().count(),
-                    Some(serde_json::Value::Array(parts)) => parts
-                        .iter()
-                        .filter_map(|p| p.get("text").and_then(|t| t.as_str()))
-                        .map(|t| t.chars().count())
-                        .sum(),
-                    _ => 0,
-                })
-                .sum()
-        })
-        .unwrap_or(0);
-    (chars / 4) as u64
-}
+#[cfg(test)]
+mod tests;

@@ -1,14 +1,28 @@
-//! OpenAI Chat Completions requests: validation and the facts routing needs.
+//! OpenAI Chat Completions (`POST /v1/chat/completions`).
 //!
-//! The body is kept as parsed JSON and forwarded with only `model` rewritten, so fields this gateway
-//! does not know (new sampling knobs, vendor extensions) reach an OpenAI-compatible upstream intact.
+//! Two APIs live here. [`parse`] and [`upstream_body`] are the pass-through path: the body is kept
+//! as parsed JSON and forwarded with only `model` rewritten, so fields this gateway does not know
+//! (new sampling knobs, vendor extensions) reach an OpenAI-compatible upstream intact. The
+//! translating path goes through the IR: [`parse_request`], [`build_request`], [`parse_response`],
+//! [`build_response`], [`StreamDecoder`], [`StreamEncoder`] and [`error_body`].
 
 use serde_json::{Map, Value};
 
+use super::ir::IMAGE_TOKENS;
 use crate::strategy::Modalities;
 
-/// Token estimate of one image part, whatever its size (the reference estimator's flat rate).
-const IMAGE_TOKENS: u32 = 85;
+mod request;
+mod response;
+mod stream;
+
+pub use request::{build_request, empty_schema, parse_request};
+pub use response::{build_response, parse_response};
+pub use stream::{StreamDecoder, StreamEncoder};
+
+/// The error body of OpenAI's API for an HTTP status: `{"error":{"message","type","param","code"}}`.
+pub fn error_body(status: u16, message: &str) -> Value {
+    super::error_body_openai(status, message)
+}
 
 /// A validated Chat Completions request.
 #[derive(Debug, Clone)]

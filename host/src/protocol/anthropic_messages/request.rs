@@ -1,0 +1,661 @@
+//! Anthropic Messages requests ↔ IR.
+
+use serde_json::{Map, Value, json};
+
+use crate::protocol::ir::{
+    ImageSource, Message, Part, Reasoning, Request, Role, Tool, ToolCall, ToolChoice, ToolResult,
+};
+use crate::protocol::json::{self, Obj, kind, put};
+use crate::protocol::{Dialect, ids};
+
+/// `max_tokens` sent to Anthropic when the client set no limit (Anthropic requires one).
+pub const DEFAULT_MAX_TOKENS: u32 = 8192;
+
+/// Anthropic's smallest thinking budget.
+const MIN_THINKING_BUDGET: u32 = 1024;
+
+/// Top-level fields the IR models. `thinking` is modeled only for `enabled`/`disabled` and stays in
+/// `extra` otherwise (newer modes reach an Anthropic upstream untouched).
+const MODELED: &[&str] = &[
+    "model",
+    "messages",
+    "system",
+    "max_tokens",
+    "tools",
+    "tool_choice",
+    "temperature",
+    "top_p",
+    "top_k",
+    "stop_sequences",
+    "metadata",
+    "stream",
+];
+
+/// Parses and validates a client's Messages body.
+pub fn parse_request(bytes: &[u8]) -> Result<Request, String> {
+    let v = json::parse(bytes)?;
+    let body = Obj::body(&v)?;
+    let model = body.req_str("model")?;
+    let max_tokens = body.u32("max_tokens")?.ok_or("`max_tokens` is required")?;
+    let raw_messages = match body.array("messages")? {
+        Some(m) if !m.is_empty() => m,
+        Some(_) => return Err("`messages` must not be empty".into()),
+        None => return Err("`messages` is required".into()),
+    };
+    let mut messages = Vec::with_capacity(raw_messages.len() + 1);
+    if let Some(system) = system(&body)? {
+        messages.push(system);
+    }
+    for (i, m) in raw_messages.iter().enumerate() {
+        message(i, m, &mut messages)?;
+    }
+    let mut r = Request::new(model, Dialect::AnthropicMessages, messages);
+    r.max_output_tokens = Some(max_tokens);
+    r.tools = tools(&body)?;
+    if let Some(v) = body.get("tool_choice") {
+        let c = Obj::at(v, "tool_choice")?;
+        r.tool_choice = Some(match c.req_str("type")? {
+            "auto" => ToolChoice::Auto,
+            "any" => ToolChoice::Required,
+            "none" => ToolChoice::None,
+            "tool" => ToolChoice::Function(c.req_str("name")?.to_owned()),
+            other => {
+                return Err(format!(
+                    "`tool_choice.type` must be auto, any, tool or none; not `{other}`"
+                ));
+            }
+        });
+        if c.bool("disable_parallel_tool_use")? == Some(true) {
+            r.parallel_tool_calls = Some(false);
+        }
+    }
+    r.temperature = body.f64("temperature")?;
+    r.top_p = body.f64("top_p")?;
+    r.top_k = body.u32("top_k")?;
+    if let Some(stops) = body.array("stop_sequences")? {
+        r.stop = stops
+            .iter()
+            .map(|s| {
+                s.as_str()
+                    .map(str::to_owned)
+                    .ok_or_else(|| "`stop_sequences` must be an array of strings".to_owned())
+            })
+            .collect::<Result<_, _>>()?;
+    }
+    if let Some(m) = body.get("metadata") {
+        let m = Obj::at(m, "metadata")?;
+        r.user = m.str("user_id")?.map(str::to_owned);
+    }
+    r.stream = body.bool("stream")?.unwrap_or(false);
+    r.extra = json::extra(body.map, MODELED);
+    if let Some(t) = body.get("thinking") {
+        let t = Obj::at(t, "thinking")?;
+        match t.req_str("type")? {
+            "enabled" => {
+                let budget = t
+                    .u32("budget_tokens")?
+                    .ok_or("`thinking.budget_tokens` is required")?;
+                r.reasoning = Some(Reasoning {
+                    budget_tokens: Some(budget),
+                    ..Default::default()
+                });
+                r.extra.remove("thinking");
+            }
+            "disabled" => {
+                r.extra.remove("thinking");
+            }
+            _ => {}
+        }
+    }
+    Ok(r)
+}
+
+fn system(body: &Obj) -> Result<Option<Message>, String> {
+    let content = match body.get("system") {
+        None => return Ok(None),
+        Some(Value::String(s)) => vec![Part::text(s.as_str())],
+        Some(Value::Array(blocks)) => {
+            let mut parts = Vec::with_capacity(blocks.len());
+            for (i, b) in blocks.iter().enumerate() {
+                let path = format!("system[{i}]");
+                let b = Obj::at(b, &path)?;
+                if b.req_str("type")? != "text" {
+                    return Err(format!("`{path}.type` must be `text`"));
+                }
+                parts.push(Part::Text {
+                    text: b.str("text")?.unwrap_or("").to_owned(),
+                    cache_control: b.get("cache_control").cloned(),
+                });
+            }
+            parts
+        }
+        Some(other) => {
+            return Err(format!(
+                "`system` must be a string or an array of text blocks, not {}",
+                kind(other)
+            ));
+        }
+    };
+    Ok(Some(Message {
+        role: Role::System,
+        content,
+        name: None,
+    }))
+}
+
+/// Appends the IR messages of one Anthropic message: a user message's `tool_result` blocks become
+/// a `Tool` message ahead of the rest.
+fn message(i: usize, v: &Value, out: &mut Vec<Message>) -> Result<(), String> {
+    let path = format!("messages[{i}]");
+    let m = Obj::at(v, &path)?;
+    let role = match m.req_str("role")? {
+        "user" => Role::User,
+        "assistant" => Role::Assistant,
+        other => {
+            return Err(format!(
+                "`{path}.role` must be user or assistant; not `{other}`"
+            ));
+        }
+    };
+    let content_path = m.path("content");
+    let blocks: Vec<Part> = match m.get("content") {
+        Some(Value::String(s)) => vec![Part::text(s.as_str())],
+        Some(Value::Array(blocks)) => blocks
+            .iter()
+            .enumerate()
+            .map(|(j, b)| block(b, &format!("{content_path}[{j}]"), role))
+            .collect::<Result<_, _>>()?,
+        None => return Err(format!("`{content_path}` is required")),
+        Some(other) => {
+            return Err(format!(
+                "`{content_path}` must be a string or an array of content blocks, not {}",
+                kind(other)
+            ));
+        }
+    };
+    let (results, rest): (Vec<Part>, Vec<Part>) = blocks
+        .into_iter()
+        .partition(|p| matches!(p, Part::ToolResult(_)));
+    let only_results = rest.is_empty() && !results.is_empty();
+    if !results.is_empty() {
+        out.push(Message {
+            role: Role::Tool,
+            content: results,
+            name: None,
+        });
+    }
+    if !only_results {
+        out.push(Message {
+            role,
+            content: rest,
+            name: None,
+        });
+    }
+    Ok(())
+}
+
+fn block(v: &Value, path: &str, role: Role) -> Result<Part, String> {
+    let b = Obj::at(v, path)?;
+    let kind = b.req_str("type")?;
+    let cache_control = b.get("cache_control").cloned();
+    let allowed = matches!(
+        (kind, role),
+        ("text" | "image", _)
+            | ("tool_result", Role::User)
+            | (
+                "tool_use" | "thinking" | "redacted_thinking",
+                Role::Assistant
+            )
+    );
+    if !allowed {
+        return Err(format!(
+            "`{path}.type` `{kind}` is not supported in a {} message (text, image, tool_use, tool_result, thinking)",
+            if role == Role::User {
+                "user"
+            } else {
+                "assistant"
+            }
+        ));
+    }
+    match kind {
+        "text" => Ok(Part::Text {
+            text: b.str("text")?.unwrap_or("").to_owned(),
+            cache_control,
+        }),
+        "image" => image(&b, cache_control),
+        "tool_use" => Ok(Part::ToolCall(ToolCall {
+            id: b.req_str("id")?.to_owned(),
+            name: b.req_str("name")?.to_owned(),
+            arguments: b
+                .get("input")
+                .map_or_else(|| "{}".to_owned(), Value::to_string),
+        })),
+        "thinking" => Ok(Part::Reasoning {
+            text: b.str("thinking")?.unwrap_or("").to_owned(),
+            signature: b
+                .str("signature")?
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned),
+        }),
+        "redacted_thinking" => Ok(Part::RedactedReasoning {
+            data: b.req_str("data")?.to_owned(),
+        }),
+        _ => {
+            // tool_result
+            let content = match b.get("content") {
+                None => Vec::new(),
+                Some(Value::String(s)) => vec![Part::text(s.as_str())],
+                Some(Value::Array(items)) => {
+                    let mut parts = Vec::with_capacity(items.len());
+                    for (k, item) in items.iter().enumerate() {
+                        let item_path = format!("{path}.content[{k}]");
+                        let item = Obj::at(item, &item_path)?;
+                        match item.req_str("type")? {
+                            "text" => parts.push(Part::Text {
+                                text: item.str("text")?.unwrap_or("").to_owned(),
+                                cache_control: item.get("cache_control").cloned(),
+                            }),
+                            "image" => {
+                                parts.push(image(&item, item.get("cache_control").cloned())?)
+                            }
+                            other => {
+                                return Err(format!(
+                                    "`{item_path}.type` `{other}` is not supported in a tool result (text, image)"
+                                ));
+                            }
+                        }
+                    }
+                    parts
+                }
+                Some(other) => {
+                    return Err(format!(
+                        "`{path}.content` must be a string or an array of blocks, not {}",
+                        json::kind(other)
+                    ));
+                }
+            };
+            Ok(Part::ToolResult(ToolResult {
+                tool_call_id: b.req_str("tool_use_id")?.to_owned(),
+                content,
+                is_error: b.bool("is_error")?.unwrap_or(false),
+                cache_control,
+            }))
+        }
+    }
+}
+
+fn image(b: &Obj, cache_control: Option<Value>) -> Result<Part, String> {
+    let s_path = b.path("source");
+    let s = Obj::at(
+        b.get("source")
+            .ok_or_else(|| format!("`{s_path}` is required"))?,
+        &s_path,
+    )?;
+    let source = match s.req_str("type")? {
+        "base64" => ImageSource::Base64 {
+            media_type: s.req_str("media_type")?.to_owned(),
+            data: s.req_str("data")?.to_owned(),
+        },
+        "url" => ImageSource::Url(s.req_str("url")?.to_owned()),
+        other => {
+            return Err(format!(
+                "`{s_path}.type` `{other}` is not supported (base64, url)"
+            ));
+        }
+    };
+    Ok(Part::Image {
+        source,
+        detail: None,
+        cache_control,
+    })
+}
+
+fn tools(body: &Obj) -> Result<Vec<Tool>, String> {
+    let Some(raw) = body.array("tools")? else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::with_capacity(raw.len());
+    for (i, t) in raw.iter().enumerate() {
+        let path = format!("tools[{i}]");
+        let t = Obj::at(t, &path)?;
+        match t.str("type")? {
+            None | Some("custom") => {}
+            Some(other) => {
+                return Err(format!(
+                    "`{path}.type` `{other}` is not supported; only client tools with `input_schema` are"
+                ));
+            }
+        }
+        out.push(Tool {
+            name: t.req_str("name")?.to_owned(),
+            description: t.str("description")?.map(str::to_owned),
+            parameters: t
+                .get("input_schema")
+                .cloned()
+                .ok_or_else(|| format!("`{path}.input_schema` is required"))?,
+            strict: None,
+            cache_control: t.get("cache_control").cloned(),
+        });
+    }
+    Ok(out)
+}
+
+/// The body for an Anthropic upstream.
+pub fn build_request(r: &Request, provider_model_id: &str) -> Vec<u8> {
+    let mut body = if r.source == Dialect::AnthropicMessages {
+        r.extra.clone()
+    } else {
+        Map::new()
+    };
+    body.insert("model".into(), provider_model_id.into());
+    let mut max_tokens = r.max_output_tokens.unwrap_or(DEFAULT_MAX_TOKENS).max(1);
+    let mut budget = r
+        .reasoning
+        .as_ref()
+        .and_then(Reasoning::effective_budget)
+        .map(|b| b.max(MIN_THINKING_BUDGET));
+    // The budget is part of `max_tokens` and must be smaller: a budget that does not fit a limit
+    // the client set shrinks (or thinking stays off); the default limit grows instead.
+    if let Some(b) = budget
+        && b >= max_tokens
+    {
+        if r.max_output_tokens.is_none() {
+            max_tokens = b.saturating_add(DEFAULT_MAX_TOKENS);
+        } else if max_tokens > MIN_THINKING_BUDGET {
+            budget = Some(max_tokens - 1);
+        } else {
+            budget = None;
+        }
+    }
+    body.insert("max_tokens".into(), max_tokens.into());
+    if let Some(b) = budget {
+        body.insert(
+            "thinking".into(),
+            json!({"type": "enabled", "budget_tokens": b}),
+        );
+    }
+    if let Some(system) = system_value(&r.messages) {
+        body.insert("system".into(), system);
+    }
+    body.insert("messages".into(), Value::Array(messages(&r.messages)));
+    if !r.tools.is_empty() {
+        let tools = r
+            .tools
+            .iter()
+            .map(|t| {
+                let mut o = Map::new();
+                o.insert("name".into(), t.name.clone().into());
+                put(&mut o, "description", t.description.clone());
+                o.insert("input_schema".into(), input_schema(&t.parameters));
+                put(&mut o, "cache_control", t.cache_control.clone());
+                Value::Object(o)
+            })
+            .collect();
+        body.insert("tools".into(), Value::Array(tools));
+        let mut choice = match &r.tool_choice {
+            None | Some(ToolChoice::Auto) => json!({"type": "auto"}),
+            Some(ToolChoice::None) => json!({"type": "none"}),
+            Some(ToolChoice::Required) => json!({"type": "any"}),
+            Some(ToolChoice::Function(name)) => json!({"type": "tool", "name": name}),
+        };
+        let no_parallel = r.parallel_tool_calls == Some(false)
+            && !matches!(r.tool_choice, Some(ToolChoice::None));
+        if no_parallel && let Value::Object(c) = &mut choice {
+            c.insert("disable_parallel_tool_use".into(), true.into());
+        }
+        if r.tool_choice.is_some() || no_parallel {
+            body.insert("tool_choice".into(), choice);
+        }
+    }
+    // Anthropic's range is 0..=1 where OpenAI's is 0..=2; out-of-range values would be rejected.
+    put(
+        &mut body,
+        "temperature",
+        r.temperature.map(|t| json::num(t.clamp(0.0, 1.0))),
+    );
+    put(&mut body, "top_p", r.top_p.map(json::num));
+    put(&mut body, "top_k", r.top_k);
+    if !r.stop.is_empty() {
+        body.insert("stop_sequences".into(), r.stop.clone().into());
+    }
+    if let Some(user) = &r.user {
+        body.insert("metadata".into(), json!({"user_id": user}));
+    }
+    if r.stream {
+        body.insert("stream".into(), true.into());
+    } else {
+        body.remove("stream");
+    }
+    json::to_vec(&Value::Object(body))
+}
+
+/// Anthropic requires an object schema at the top.
+fn input_schema(parameters: &Value) -> Value {
+    match parameters {
+        Value::Object(o) if o.contains_key("type") => parameters.clone(),
+        Value::Object(o) => {
+            let mut o = o.clone();
+            o.insert("type".into(), "object".into());
+            Value::Object(o)
+        }
+        _ => json!({"type": "object", "properties": {}}),
+    }
+}
+
+/// All system and developer text, wherever it stood (Anthropic has only a top-level `system`).
+fn system_value(messages: &[Message]) -> Option<Value> {
+    let parts: Vec<&Part> = messages
+        .iter()
+        .filter(|m| matches!(m.role, Role::System | Role::Developer))
+        .flat_map(|m| m.content.iter())
+        .filter(|p| matches!(p, Part::Text { text, .. } if !text.is_empty()))
+        .collect();
+    match parts.as_slice() {
+        [] => None,
+        [
+            Part::Text {
+                text,
+                cache_control: None,
+            },
+        ] => Some(text.clone().into()),
+        many => Some(Value::Array(
+            many.iter().filter_map(|p| block_value(p)).collect(),
+        )),
+    }
+}
+
+fn messages(messages: &[Message]) -> Vec<Value> {
+    let mut out: Vec<(&'static str, Vec<Value>)> = Vec::new();
+    for m in messages {
+        let role = match m.role {
+            Role::System | Role::Developer => continue,
+            Role::User | Role::Tool => "user",
+            Role::Assistant => "assistant",
+        };
+        let blocks: Vec<Value> = m.content.iter().filter_map(block_value).collect();
+        if blocks.is_empty() {
+            continue;
+        }
+        // Anthropic wants user and assistant turns to alternate: neighbours of one role merge
+        // (tool results and the user text after them become one user turn).
+        match out.last_mut() {
+            Some((last, content)) if *last == role => content.extend(blocks),
+            _ => out.push((role, blocks)),
+        }
+    }
+    out.into_iter()
+        .map(|(role, content)| json!({"role": role, "content": content}))
+        .collect()
+}
+
+/// The Anthropic block for a part; `None` for what Anthropic cannot take (audio, video, unsigned
+/// reasoning, empty text).
+fn block_value(p: &Part) -> Option<Value> {
+    let with_cache = |mut v: Value, cache: &Option<Value>| {
+        if let (Value::Object(o), Some(c)) = (&mut v, cache) {
+            o.insert("cache_control".into(), c.clone());
+        }
+        v
+    };
+    match p {
+        Part::Text {
+            text,
+            cache_control,
+        } if !text.is_empty() => Some(with_cache(
+            json!({"type": "text", "text": text}),
+            cache_control,
+        )),
+        Part::Text { .. } | Part::Audio { .. } | Part::Video { .. } => None,
+        Part::Image {
+            source,
+            cache_control,
+            ..
+        } => {
+            let source = match source {
+                ImageSource::Url(url) => json!({"type": "url", "url": url}),
+                ImageSource::Base64 { media_type, data } => {
+                    json!({"type": "base64", "media_type": media_type, "data": data})
+                }
+            };
+            Some(with_cache(
+                json!({"type": "image", "source": source}),
+                cache_control,
+            ))
+        }
+        Part::Reasoning {
+            text,
+            signature: Some(signature),
+        } => Some(json!({"type": "thinking", "thinking": text, "signature": signature})),
+        Part::Reasoning {
+            signature: None, ..
+        } => None,
+        Part::RedactedReasoning { data } => {
+            Some(json!({"type": "redacted_thinking", "data": data}))
+        }
+        Part::ToolCall(c) => Some(json!({
+            "type": "tool_use",
+            "id": ids::tool_use_id(&c.id),
+            "name": c.name,
+            "input": arguments_object(&c.arguments),
+        })),
+        Part::ToolResult(r) => {
+            let content = match r.content.as_slice() {
+                [
+                    Part::Text {
+                        text,
+                        cache_control: None,
+                    },
+                ] => Value::String(text.clone()),
+                parts => Value::Array(parts.iter().filter_map(block_value).collect()),
+            };
+            let mut o = json!({
+                "type": "tool_result",
+                "tool_use_id": ids::tool_use_id(&r.tool_call_id),
+                "content": content,
+            });
+            if r.is_error
+                && let Value::Object(m) = &mut o
+            {
+                m.insert("is_error".into(), true.into());
+            }
+            Some(with_cache(o, &r.cache_control))
+        }
+    }
+}
+
+/// Tool-call arguments as the object Anthropic's `input` must be; arguments that are not a JSON
+/// object (a model's malformed output) become `{}`.
+pub(super) fn arguments_object(arguments: &str) -> Value {
+    match serde_json::from_str::<Value>(arguments) {
+        Ok(v @ Value::Object(_)) => v,
+        _ => json!({}),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn build(r: &Request) -> Value {
+        serde_json::from_slice(&build_request(r, "claude")).unwrap()
+    }
+
+    #[test]
+    fn tool_results_split_into_a_tool_message_and_merge_back() {
+        let body = br#"{"model":"m","max_tokens":10,"messages":[
+            {"role":"user","content":"weather?"},
+            {"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"w","input":{"c":"P"}}]},
+            {"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"sunny"},{"type":"text","text":"thanks"}]}]}"#;
+        let r = parse_request(body).unwrap();
+        let roles: Vec<Role> = r.messages.iter().map(|m| m.role).collect();
+        assert_eq!(roles, [Role::User, Role::Assistant, Role::Tool, Role::User]);
+        let b = build(&r);
+        assert_eq!(b["messages"].as_array().unwrap().len(), 3);
+        assert_eq!(b["messages"][2]["content"][0]["type"], "tool_result");
+        assert_eq!(b["messages"][2]["content"][1]["text"], "thanks");
+        assert_eq!(b["messages"][1]["content"][0]["input"], json!({"c": "P"}));
+    }
+
+    #[test]
+    fn thinking_budget_fits_under_max_tokens() {
+        let mut r = parse_request(
+            br#"{"model":"m","max_tokens":2000,"messages":[{"role":"user","content":"x"}],"thinking":{"type":"enabled","budget_tokens":4000}}"#,
+        )
+        .unwrap();
+        assert_eq!(build(&r)["thinking"]["budget_tokens"], 1999);
+        r.max_output_tokens = None;
+        let b = build(&r);
+        assert_eq!(b["thinking"]["budget_tokens"], 4000);
+        assert_eq!(b["max_tokens"], DEFAULT_MAX_TOKENS);
+        r.reasoning = Some(Reasoning {
+            budget_tokens: Some(10_000),
+            ..Default::default()
+        });
+        let b = build(&r);
+        assert_eq!(b["thinking"]["budget_tokens"], 10_000);
+        assert_eq!(b["max_tokens"], 10_000 + DEFAULT_MAX_TOKENS);
+        r.max_output_tokens = Some(500);
+        assert!(build(&r).get("thinking").is_none());
+    }
+
+    #[test]
+    fn unknown_thinking_modes_pass_through_to_anthropic_only() {
+        let r = parse_request(
+            br#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"}],"thinking":{"type":"adaptive"},"service_tier":"auto"}"#,
+        )
+        .unwrap();
+        assert!(r.reasoning.is_none());
+        let b = build(&r);
+        assert_eq!(b["thinking"]["type"], "adaptive");
+        assert_eq!(b["service_tier"], "auto");
+    }
+
+    #[test]
+    fn rejects_blocks_it_cannot_translate() {
+        for (body, reason) in [
+            (
+                r#"{"model":"m","messages":[{"role":"user","content":"x"}]}"#,
+                "`max_tokens` is required",
+            ),
+            (
+                r#"{"model":"m","max_tokens":1,"messages":[{"role":"user","content":[{"type":"document","source":{}}]}]}"#,
+                "`messages[0].content[0].type` `document` is not supported",
+            ),
+            (
+                r#"{"model":"m","max_tokens":1,"messages":[{"role":"user","content":[{"type":"tool_use","id":"a","name":"b","input":{}}]}]}"#,
+                "not supported in a user message",
+            ),
+            (
+                r#"{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"x"}],"tools":[{"type":"web_search_20250305","name":"web_search"}]}"#,
+                "only client tools",
+            ),
+            (
+                r#"{"model":"m","max_tokens":1,"messages":[{"role":"system","content":"x"}]}"#,
+                "must be user or assistant",
+            ),
+        ] {
+            let err = parse_request(body.as_bytes()).unwrap_err();
+            assert!(err.contains(reason), "{err} should contain {reason}");
+        }
+    }
+}

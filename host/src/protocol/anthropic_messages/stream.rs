@@ -1,0 +1,447 @@
+//! Anthropic Messages streams: `message_start`, content blocks, `message_delta`, `message_stop`.
+
+use bytes::Bytes;
+use serde_json::{Value, json};
+
+use super::error_body;
+use super::response::{parse_stop_reason, stop_reason, usage_value};
+use crate::protocol::ir::{FinishReason, StreamEvent, Usage, effective_finish};
+use crate::protocol::{ids, sse, status_of_error, upstream_error_message};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Block {
+    Text,
+    Thinking,
+    Tool { index: u32, had_arguments: bool },
+    Other,
+}
+
+/// Turns an upstream's Messages stream into IR events.
+#[derive(Debug, Default)]
+pub struct StreamDecoder {
+    /// Content blocks by their upstream index.
+    blocks: Vec<(u64, Block)>,
+    tools: u32,
+    /// The running usage in Anthropic's terms (input excludes cache reads and writes).
+    input: u32,
+    output: u32,
+    cache_read: u32,
+    cache_creation: u32,
+    finished: bool,
+    done: bool,
+}
+
+impl StreamDecoder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn usage(&self) -> Usage {
+        Usage {
+            input_tokens: self
+                .input
+                .saturating_add(self.cache_read)
+                .saturating_add(self.cache_creation),
+            output_tokens: self.output,
+            cached_input_tokens: self.cache_read,
+            cache_creation_input_tokens: self.cache_creation,
+            reasoning_tokens: 0,
+        }
+    }
+
+    /// Later usage reports repeat earlier counts; only the fields present are updated.
+    fn merge_usage(&mut self, u: &Value) {
+        let field = |k: &str| {
+            u.get(k)
+                .and_then(Value::as_u64)
+                .map(|n| u32::try_from(n).unwrap_or(u32::MAX))
+        };
+        if let Some(n) = field("input_tokens") {
+            self.input = n;
+        }
+        if let Some(n) = field("output_tokens") {
+            self.output = n;
+        }
+        if let Some(n) = field("cache_read_input_tokens") {
+            self.cache_read = n;
+        }
+        if let Some(n) = field("cache_creation_input_tokens") {
+            self.cache_creation = n;
+        }
+    }
+
+    fn block(&mut self, index: u64) -> Option<&mut Block> {
+        self.blocks
+            .iter_mut()
+            .find(|(i, _)| *i == index)
+            .map(|(_, b)| b)
+    }
+
+    /// Decodes one SSE event; the type is read from the data (`type`), falling back to the name.
+    pub fn decode(&mut self, event: &str, data: &str) -> Vec<StreamEvent> {
+        if self.done || data.trim().is_empty() {
+            return Vec::new();
+        }
+        let v: Value = match serde_json::from_str(data) {
+            Ok(v) => v,
+            Err(e) => return self.fail(502, format!("invalid upstream stream event: {e}")),
+        };
+        let kind = v.get("type").and_then(Value::as_str).unwrap_or(event);
+        let index = v.get("index").and_then(Value::as_u64).unwrap_or(0);
+        let str_at = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
+        let mut out = Vec::new();
+        match kind {
+            "message_start" => {
+                let message = v.get("message").unwrap_or(&Value::Null);
+                if let Some(u) = message.get("usage") {
+                    self.merge_usage(u);
+                }
+                out.push(StreamEvent::Start {
+                    id: str_at(message, "id"),
+                    model: str_at(message, "model"),
+                });
+            }
+            "content_block_start" => {
+                let b = v.get("content_block").unwrap_or(&Value::Null);
+                let block = match b.get("type").and_then(Value::as_str) {
+                    Some("text") => {
+                        let t = str_at(b, "text");
+                        if !t.is_empty() {
+                            out.push(StreamEvent::TextDelta(t));
+                        }
+                        Block::Text
+                    }
+                    Some("thinking") => {
+                        let t = str_at(b, "thinking");
+                        if !t.is_empty() {
+                            out.push(StreamEvent::ReasoningDelta(t));
+                        }
+                        Block::Thinking
+                    }
+                    Some("tool_use") => {
+                        let tool = self.tools;
+                        self.tools += 1;
+                        out.push(StreamEvent::ToolCallStart {
+                            index: tool,
+                            id: str_at(b, "id"),
+                            name: str_at(b, "name"),
+                        });
+                        Block::Tool {
+                            index: tool,
+                            had_arguments: false,
+                        }
+                    }
+                    _ => Block::Other,
+                };
+                self.blocks.push((index, block));
+            }
+            "content_block_delta" => {
+                let d = v.get("delta").unwrap_or(&Value::Null);
+                match d.get("type").and_then(Value::as_str) {
+                    Some("text_delta") => {
+                        let t = str_at(d, "text");
+                        if !t.is_empty() {
+                            out.push(StreamEvent::TextDelta(t));
+                        }
+                    }
+                    Some("thinking_delta") => {
+                        let t = str_at(d, "thinking");
+                        if !t.is_empty() {
+                            out.push(StreamEvent::ReasoningDelta(t));
+                        }
+                    }
+                    Some("signature_delta") => {
+                        out.push(StreamEvent::ReasoningSignature(str_at(d, "signature")));
+                    }
+                    Some("input_json_delta") => {
+                        let partial = str_at(d, "partial_json");
+                        if let Some(Block::Tool {
+                            index,
+                            had_arguments,
+                        }) = self.block(index)
+                            && !partial.is_empty()
+                        {
+                            *had_arguments = true;
+                            out.push(StreamEvent::ToolCallDelta {
+                                index: *index,
+                                arguments: partial,
+                            });
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            "content_block_stop" => {
+                // A call without arguments streams no JSON at all; OpenAI clients expect `{}`.
+                if let Some(Block::Tool {
+                    index,
+                    had_arguments: false,
+                }) = self.block(index).copied()
+                {
+                    out.push(StreamEvent::ToolCallDelta {
+                        index,
+                        arguments: "{}".into(),
+                    });
+                }
+            }
+            "message_delta" => {
+                if let Some(u) = v.get("usage") {
+                    self.merge_usage(u);
+                }
+                let d = v.get("delta").unwrap_or(&Value::Null);
+                if let Some(reason) = d.get("stop_reason").and_then(Value::as_str) {
+                    self.finished = true;
+                    out.push(StreamEvent::Finish {
+                        reason: parse_stop_reason(reason),
+                        stop_sequence: d
+                            .get("stop_sequence")
+                            .and_then(Value::as_str)
+                            .map(str::to_owned),
+                    });
+                }
+            }
+            "message_stop" => {
+                self.done = true;
+                out.push(StreamEvent::Usage(self.usage()));
+                out.push(StreamEvent::Done);
+            }
+            "error" => {
+                let e = v.get("error").unwrap_or(&v);
+                return self.fail(status_of_error(e), upstream_error_message(e));
+            }
+            // `ping` and event types newer than this code carry nothing to translate.
+            _ => {}
+        }
+        out
+    }
+
+    fn fail(&mut self, status: u16, message: String) -> Vec<StreamEvent> {
+        self.done = true;
+        vec![StreamEvent::Error { status, message }]
+    }
+
+    /// Call when the upstream stream ended; see `Decoder::finish`.
+    pub fn finish(&mut self) -> Vec<StreamEvent> {
+        if self.done {
+            return Vec::new();
+        }
+        if self.finished {
+            self.done = true;
+            return vec![StreamEvent::Usage(self.usage()), StreamEvent::Done];
+        }
+        self.fail(
+            502,
+            "upstream stream ended before the answer was complete".into(),
+        )
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Open {
+    Text,
+    Thinking,
+    Tool(u32),
+}
+
+/// Frames IR events as an Anthropic Messages stream for a client.
+#[derive(Debug)]
+pub struct StreamEncoder {
+    public_model: String,
+    input_tokens_hint: u32,
+    started: bool,
+    closed: bool,
+    next_block: u32,
+    open: Option<(u32, Open)>,
+    /// Content block index of each IR tool call.
+    tool_blocks: Vec<(u32, u32)>,
+    finish: Option<(FinishReason, Option<String>)>,
+    usage: Option<Usage>,
+}
+
+impl StreamEncoder {
+    pub fn new(public_model: &str) -> Self {
+        Self {
+            public_model: public_model.to_owned(),
+            input_tokens_hint: 0,
+            started: false,
+            closed: false,
+            next_block: 0,
+            open: None,
+            tool_blocks: Vec::new(),
+            finish: None,
+            usage: None,
+        }
+    }
+
+    /// The input token count to announce in `message_start`, before the upstream's real count
+    /// arrives with `message_delta` (e.g. the gateway's prompt estimate). 0 by default.
+    pub fn input_tokens_hint(mut self, tokens: u32) -> Self {
+        self.input_tokens_hint = tokens;
+        self
+    }
+
+    fn start(&mut self, id: &str, out: &mut Vec<Bytes>) {
+        if self.started {
+            return;
+        }
+        self.started = true;
+        // The SDKs build their message snapshot from this object, so it is complete.
+        out.push(sse::event_frame(
+            "message_start",
+            &json!({
+                "type": "message_start",
+                "message": {
+                    "id": ids::with_prefix(id, "msg_"),
+                    "type": "message",
+                    "role": "assistant",
+                    "model": self.public_model,
+                    "content": [],
+                    "stop_reason": null,
+                    "stop_sequence": null,
+                    "usage": {
+                        "input_tokens": self.input_tokens_hint,
+                        "output_tokens": 0,
+                        "cache_creation_input_tokens": 0,
+                        "cache_read_input_tokens": 0,
+                    },
+                },
+            }),
+        ));
+        out.push(sse::event_frame("ping", &json!({"type": "ping"})));
+    }
+
+    fn close_block(&mut self, out: &mut Vec<Bytes>) {
+        if let Some((index, _)) = self.open.take() {
+            out.push(sse::event_frame(
+                "content_block_stop",
+                &json!({"type": "content_block_stop", "index": index}),
+            ));
+        }
+    }
+
+    fn open_block(&mut self, kind: Open, block: Value, out: &mut Vec<Bytes>) -> u32 {
+        self.close_block(out);
+        let index = self.next_block;
+        self.next_block += 1;
+        self.open = Some((index, kind));
+        out.push(sse::event_frame(
+            "content_block_start",
+            &json!({"type": "content_block_start", "index": index, "content_block": block}),
+        ));
+        index
+    }
+
+    /// The block of `kind`, opened if it is not the current one.
+    fn ensure_block(&mut self, kind: Open, block: Value, out: &mut Vec<Bytes>) -> u32 {
+        match self.open {
+            Some((index, open)) if open == kind => index,
+            _ => self.open_block(kind, block, out),
+        }
+    }
+
+    fn delta(index: u32, delta: Value) -> Bytes {
+        sse::event_frame(
+            "content_block_delta",
+            &json!({"type": "content_block_delta", "index": index, "delta": delta}),
+        )
+    }
+
+    /// The client frames for one IR event; nothing after `Done` or `Error`.
+    pub fn encode(&mut self, event: &StreamEvent) -> Vec<Bytes> {
+        let mut out = Vec::new();
+        if self.closed {
+            return out;
+        }
+        match event {
+            StreamEvent::Start { id, .. } => self.start(id, &mut out),
+            StreamEvent::TextDelta(t) if t.is_empty() => {}
+            StreamEvent::TextDelta(t) => {
+                self.start("", &mut out);
+                let i =
+                    self.ensure_block(Open::Text, json!({"type": "text", "text": ""}), &mut out);
+                out.push(Self::delta(i, json!({"type": "text_delta", "text": t})));
+            }
+            StreamEvent::ReasoningDelta(t) if t.is_empty() => {}
+            StreamEvent::ReasoningDelta(t) => {
+                self.start("", &mut out);
+                let i = self.ensure_block(
+                    Open::Thinking,
+                    json!({"type": "thinking", "thinking": "", "signature": ""}),
+                    &mut out,
+                );
+                out.push(Self::delta(
+                    i,
+                    json!({"type": "thinking_delta", "thinking": t}),
+                ));
+            }
+            StreamEvent::ReasoningSignature(s) => {
+                if let Some((i, Open::Thinking)) = self.open {
+                    out.push(Self::delta(
+                        i,
+                        json!({"type": "signature_delta", "signature": s}),
+                    ));
+                }
+            }
+            StreamEvent::ToolCallStart { index, id, name } => {
+                self.start("", &mut out);
+                let block = self.open_block(
+                    Open::Tool(*index),
+                    json!({"type": "tool_use", "id": ids::tool_use_id(id), "name": name, "input": {}}),
+                    &mut out,
+                );
+                self.tool_blocks.push((*index, block));
+            }
+            StreamEvent::ToolCallDelta { index, arguments } => {
+                // Arguments of a call whose block was already closed (interleaved calls) still
+                // go to that block's index, where the SDKs accumulate them.
+                if let Some(&(_, block)) = self.tool_blocks.iter().find(|(t, _)| t == index)
+                    && !arguments.is_empty()
+                {
+                    out.push(Self::delta(
+                        block,
+                        json!({"type": "input_json_delta", "partial_json": arguments}),
+                    ));
+                }
+            }
+            StreamEvent::Finish {
+                reason,
+                stop_sequence,
+            } => {
+                self.close_block(&mut out);
+                self.finish = Some((reason.clone(), stop_sequence.clone()));
+            }
+            StreamEvent::Usage(u) => self.usage = Some(*u),
+            StreamEvent::Done => {
+                self.start("", &mut out);
+                self.close_block(&mut out);
+                self.closed = true;
+                let (reason, stop_sequence) =
+                    self.finish.take().unwrap_or((FinishReason::Stop, None));
+                let reason = effective_finish(&reason, !self.tool_blocks.is_empty());
+                let usage = self
+                    .usage
+                    .map_or_else(|| json!({"output_tokens": 0}), |u| usage_value(&u));
+                out.push(sse::event_frame(
+                    "message_delta",
+                    &json!({
+                        "type": "message_delta",
+                        "delta": {
+                            "stop_reason": stop_reason(&reason, stop_sequence.as_deref()),
+                            "stop_sequence": stop_sequence,
+                        },
+                        "usage": usage,
+                    }),
+                ));
+                out.push(sse::event_frame(
+                    "message_stop",
+                    &json!({"type": "message_stop"}),
+                ));
+            }
+            StreamEvent::Error { status, message } => {
+                self.closed = true;
+                out.push(sse::event_frame("error", &error_body(*status, message)));
+            }
+        }
+        out
+    }
+}

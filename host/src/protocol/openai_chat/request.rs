@@ -1,0 +1,631 @@
+//! Chat Completions requests ↔ IR.
+
+use serde_json::{Map, Value, json};
+
+use crate::protocol::Dialect;
+use crate::protocol::ir::{
+    Effort, ImageSource, Message, Part, Reasoning, Request, ResponseFormat, Role, Tool, ToolCall,
+    ToolChoice, ToolResult,
+};
+use crate::protocol::json::{self, Obj, kind, put};
+
+/// Top-level fields the IR models; everything else goes to `Request::extra`.
+///
+/// `max_completion_tokens` is deliberately missing: it is read into `max_output_tokens` *and* kept in
+/// `extra`, so that a Chat upstream receives the limit under the name the client used (OpenAI's
+/// reasoning models reject `max_tokens`, many OpenAI-compatible servers only know `max_tokens`).
+const MODELED: &[&str] = &[
+    "model",
+    "messages",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "temperature",
+    "top_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "seed",
+    "max_tokens",
+    "stop",
+    "response_format",
+    "reasoning_effort",
+    "metadata",
+    "user",
+    "stream",
+];
+
+/// Parses and validates a client's Chat Completions body.
+pub fn parse_request(bytes: &[u8]) -> Result<Request, String> {
+    let v = json::parse(bytes)?;
+    let body = Obj::body(&v)?;
+    let model = body.req_str("model")?;
+    let raw_messages = match body.array("messages")? {
+        Some(m) if !m.is_empty() => m,
+        Some(_) => return Err("`messages` must not be empty".into()),
+        None => return Err("`messages` is required".into()),
+    };
+    let mut messages = Vec::with_capacity(raw_messages.len());
+    for (i, m) in raw_messages.iter().enumerate() {
+        messages.push(message(i, m)?);
+    }
+    let mut r = Request::new(model, Dialect::OpenAiChat, messages);
+    r.tools = tools(&body)?;
+    r.tool_choice = tool_choice(&body)?;
+    r.parallel_tool_calls = body.bool("parallel_tool_calls")?;
+    r.temperature = body.f64("temperature")?;
+    r.top_p = body.f64("top_p")?;
+    r.presence_penalty = body.f64("presence_penalty")?;
+    r.frequency_penalty = body.f64("frequency_penalty")?;
+    r.seed = body.i64("seed")?;
+    r.max_output_tokens = match body.u32("max_completion_tokens")? {
+        Some(n) => Some(n),
+        None => body.u32("max_tokens")?,
+    };
+    r.stop = stop(&body)?;
+    r.response_format = response_format(&body)?;
+    if let Some(e) = body.str("reasoning_effort")? {
+        let effort = Effort::parse(e).ok_or_else(|| {
+            format!(
+                "`reasoning_effort` must be none, minimal, low, medium, high or xhigh; not `{e}`"
+            )
+        })?;
+        r.reasoning = Some(Reasoning {
+            effort: Some(effort),
+            ..Default::default()
+        });
+    }
+    if let Some(m) = body.object("metadata")? {
+        r.metadata = m.clone();
+    }
+    r.user = body.str("user")?.map(str::to_owned);
+    r.stream = body.bool("stream")?.unwrap_or(false);
+    r.extra = json::extra(body.map, MODELED);
+    Ok(r)
+}
+
+fn message(i: usize, v: &Value) -> Result<Message, String> {
+    let path = format!("messages[{i}]");
+    let m = Obj::at(v, &path)?;
+    let role = m.req_str("role")?;
+    let name = m.str("name")?.map(str::to_owned);
+    let content_path = m.path("content");
+    let (role, content) = match role {
+        "system" | "developer" | "user" => {
+            let role = match role {
+                "system" => Role::System,
+                "developer" => Role::Developer,
+                _ => Role::User,
+            };
+            (role, content(m.get("content"), &content_path)?)
+        }
+        "assistant" => {
+            let mut parts = content(m.get("content"), &content_path)?;
+            if let Some(refusal) = m.str("refusal")? {
+                parts.push(Part::text(refusal));
+            }
+            if let Some(calls) = m.array("tool_calls")? {
+                for (j, c) in calls.iter().enumerate() {
+                    parts.push(Part::ToolCall(tool_call(
+                        c,
+                        &format!("{path}.tool_calls[{j}]"),
+                    )?));
+                }
+            }
+            (Role::Assistant, parts)
+        }
+        "tool" => {
+            let tool_call_id = m.req_str("tool_call_id")?.to_owned();
+            let content = content(m.get("content"), &content_path)?;
+            (
+                Role::Tool,
+                vec![Part::ToolResult(ToolResult {
+                    tool_call_id,
+                    content,
+                    is_error: false,
+                    cache_control: None,
+                })],
+            )
+        }
+        "function" => {
+            return Err(format!(
+                "`{path}.role` `function` (legacy function calling) is not supported; use `tools` and role `tool`"
+            ));
+        }
+        other => {
+            return Err(format!(
+                "`{path}.role` must be system, developer, user, assistant or tool; not `{other}`"
+            ));
+        }
+    };
+    Ok(Message {
+        role,
+        content,
+        name,
+    })
+}
+
+fn content(v: Option<&Value>, path: &str) -> Result<Vec<Part>, String> {
+    match v {
+        None => Ok(Vec::new()),
+        Some(Value::String(s)) => Ok(vec![Part::text(s.as_str())]),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .enumerate()
+            .map(|(j, p)| part(p, &format!("{path}[{j}]")))
+            .collect(),
+        Some(other) => Err(format!(
+            "`{path}` must be a string or an array of parts, not {}",
+            kind(other)
+        )),
+    }
+}
+
+fn part(v: &Value, path: &str) -> Result<Part, String> {
+    let p = Obj::at(v, path)?;
+    let kind = p.req_str("type")?;
+    match kind {
+        "text" => Ok(Part::text(p.str("text")?.unwrap_or(""))),
+        "refusal" => Ok(Part::text(p.str("refusal")?.unwrap_or(""))),
+        "image_url" => {
+            // The spec nests `{url, detail}`; a bare string is a common client shortcut.
+            let (url, detail) = match p.get("image_url") {
+                Some(Value::String(u)) => (u.as_str(), None),
+                Some(inner) => {
+                    let path = p.path("image_url");
+                    let o = Obj::at(inner, &path)?;
+                    (o.req_str("url")?, o.str("detail")?.map(str::to_owned))
+                }
+                None => return Err(format!("`{}` is required", p.path("image_url"))),
+            };
+            Ok(Part::Image {
+                source: ImageSource::from_url(url),
+                detail,
+                cache_control: None,
+            })
+        }
+        "input_audio" => {
+            let inner = p
+                .get("input_audio")
+                .ok_or_else(|| format!("`{}` is required", p.path("input_audio")))?;
+            let path = p.path("input_audio");
+            let o = Obj::at(inner, &path)?;
+            Ok(Part::Audio {
+                data: o.req_str("data")?.to_owned(),
+                format: o.req_str("format")?.to_owned(),
+            })
+        }
+        "video_url" => {
+            let url = match p.get("video_url") {
+                Some(Value::String(u)) => u.clone(),
+                Some(inner) => {
+                    let path = p.path("video_url");
+                    Obj::at(inner, &path)?.req_str("url")?.to_owned()
+                }
+                None => return Err(format!("`{}` is required", p.path("video_url"))),
+            };
+            Ok(Part::Video { url })
+        }
+        other => Err(format!(
+            "`{path}.type` `{other}` is not supported (text, image_url, input_audio, video_url, refusal)"
+        )),
+    }
+}
+
+fn tool_call(v: &Value, path: &str) -> Result<ToolCall, String> {
+    let c = Obj::at(v, path)?;
+    let f_path = c.path("function");
+    let f = Obj::at(
+        c.get("function")
+            .ok_or_else(|| format!("`{f_path}` is required"))?,
+        &f_path,
+    )?;
+    Ok(ToolCall {
+        id: c.req_str("id")?.to_owned(),
+        name: f.req_str("name")?.to_owned(),
+        arguments: arguments_text(f.get("arguments")),
+    })
+}
+
+/// Arguments as JSON text; some clients send an object instead of its serialization.
+pub(super) fn arguments_text(v: Option<&Value>) -> String {
+    match v {
+        None => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => other.to_string(),
+    }
+}
+
+fn tools(body: &Obj) -> Result<Vec<Tool>, String> {
+    let Some(raw) = body.array("tools")? else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::with_capacity(raw.len());
+    for (i, t) in raw.iter().enumerate() {
+        let path = format!("tools[{i}]");
+        let t = Obj::at(t, &path)?;
+        match t.str("type")? {
+            Some("function") | None => {}
+            Some(other) => {
+                return Err(format!(
+                    "`{path}.type` `{other}` is not supported; only `function` tools are"
+                ));
+            }
+        }
+        let f_path = t.path("function");
+        let f = Obj::at(
+            t.get("function")
+                .ok_or_else(|| format!("`{f_path}` is required"))?,
+            &f_path,
+        )?;
+        out.push(Tool {
+            name: f.req_str("name")?.to_owned(),
+            description: f.str("description")?.map(str::to_owned),
+            parameters: f.get("parameters").cloned().unwrap_or_else(empty_schema),
+            strict: f.bool("strict")?,
+            cache_control: None,
+        });
+    }
+    Ok(out)
+}
+
+/// The schema of a function without parameters.
+pub fn empty_schema() -> Value {
+    json!({"type": "object", "properties": {}})
+}
+
+fn tool_choice(body: &Obj) -> Result<Option<ToolChoice>, String> {
+    match body.get("tool_choice") {
+        None => Ok(None),
+        Some(Value::String(s)) => match s.as_str() {
+            "auto" => Ok(Some(ToolChoice::Auto)),
+            "none" => Ok(Some(ToolChoice::None)),
+            "required" => Ok(Some(ToolChoice::Required)),
+            other => Err(format!(
+                "`tool_choice` must be auto, none, required or a function; not `{other}`"
+            )),
+        },
+        Some(v) => {
+            let o = Obj::at(v, "tool_choice")?;
+            match o.str("type")? {
+                Some("function") => {}
+                _ => return Err("`tool_choice.type` must be `function`".into()),
+            }
+            let f_path = o.path("function");
+            let f = Obj::at(
+                o.get("function")
+                    .ok_or_else(|| format!("`{f_path}` is required"))?,
+                &f_path,
+            )?;
+            Ok(Some(ToolChoice::Function(f.req_str("name")?.to_owned())))
+        }
+    }
+}
+
+fn stop(body: &Obj) -> Result<Vec<String>, String> {
+    match body.get("stop") {
+        None => Ok(Vec::new()),
+        Some(Value::String(s)) => Ok(vec![s.clone()]),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|s| {
+                s.as_str()
+                    .map(str::to_owned)
+                    .ok_or_else(|| "`stop` must be a string or an array of strings".to_owned())
+            })
+            .collect(),
+        Some(other) => Err(format!(
+            "`stop` must be a string or an array of strings, not {}",
+            kind(other)
+        )),
+    }
+}
+
+fn response_format(body: &Obj) -> Result<Option<ResponseFormat>, String> {
+    let Some(v) = body.get("response_format") else {
+        return Ok(None);
+    };
+    let o = Obj::at(v, "response_format")?;
+    match o.req_str("type")? {
+        "text" => Ok(Some(ResponseFormat::Text)),
+        "json_object" => Ok(Some(ResponseFormat::JsonObject)),
+        "json_schema" => {
+            let s_path = o.path("json_schema");
+            let s = Obj::at(
+                o.get("json_schema")
+                    .ok_or_else(|| format!("`{s_path}` is required"))?,
+                &s_path,
+            )?;
+            Ok(Some(ResponseFormat::JsonSchema {
+                name: s.req_str("name")?.to_owned(),
+                description: s.str("description")?.map(str::to_owned),
+                schema: s.get("schema").cloned().unwrap_or_else(empty_schema),
+                strict: s.bool("strict")?,
+            }))
+        }
+        other => Err(format!(
+            "`response_format.type` must be text, json_object or json_schema; not `{other}`"
+        )),
+    }
+}
+
+/// The body for a Chat Completions upstream.
+pub fn build_request(r: &Request, provider_model_id: &str) -> Vec<u8> {
+    let same = r.source == Dialect::OpenAiChat;
+    let mut body = if same { r.extra.clone() } else { Map::new() };
+    body.insert("model".into(), provider_model_id.into());
+    let mut messages = Vec::with_capacity(r.messages.len());
+    for m in &r.messages {
+        push_message(&mut messages, m, same);
+    }
+    body.insert("messages".into(), Value::Array(messages));
+    if !r.tools.is_empty() {
+        let tools = r
+            .tools
+            .iter()
+            .map(|t| {
+                let mut f = Map::new();
+                f.insert("name".into(), t.name.clone().into());
+                put(&mut f, "description", t.description.clone());
+                f.insert("parameters".into(), t.parameters.clone());
+                put(&mut f, "strict", t.strict);
+                json!({"type": "function", "function": f})
+            })
+            .collect();
+        body.insert("tools".into(), Value::Array(tools));
+        put(
+            &mut body,
+            "tool_choice",
+            r.tool_choice.as_ref().map(tool_choice_value),
+        );
+        put(&mut body, "parallel_tool_calls", r.parallel_tool_calls);
+    }
+    put(&mut body, "temperature", r.temperature.map(json::num));
+    put(&mut body, "top_p", r.top_p.map(json::num));
+    put(
+        &mut body,
+        "presence_penalty",
+        r.presence_penalty.map(json::num),
+    );
+    put(
+        &mut body,
+        "frequency_penalty",
+        r.frequency_penalty.map(json::num),
+    );
+    put(&mut body, "seed", r.seed);
+    if let Some(max) = r.max_output_tokens {
+        let key = if body.contains_key("max_completion_tokens") {
+            "max_completion_tokens"
+        } else {
+            "max_tokens"
+        };
+        body.insert(key.into(), max.into());
+    }
+    if !r.stop.is_empty() {
+        body.insert("stop".into(), r.stop.clone().into());
+    }
+    put(
+        &mut body,
+        "response_format",
+        r.response_format.as_ref().map(response_format_value),
+    );
+    if let Some(e) = r.reasoning.as_ref().and_then(Reasoning::effective_effort) {
+        body.insert("reasoning_effort".into(), e.as_str().into());
+    }
+    if !r.metadata.is_empty() {
+        body.insert("metadata".into(), Value::Object(r.metadata.clone()));
+    }
+    put(&mut body, "user", r.user.clone());
+    if r.stream {
+        body.insert("stream".into(), true.into());
+        // Usage on streams lets the gateway account tokens; the client's own options are kept.
+        let options = body
+            .entry("stream_options")
+            .or_insert_with(|| Value::Object(Map::new()));
+        if let Value::Object(o) = options {
+            o.insert("include_usage".into(), true.into());
+        }
+    } else {
+        body.remove("stream");
+        body.remove("stream_options");
+    }
+    json::to_vec(&Value::Object(body))
+}
+
+fn push_message(out: &mut Vec<Value>, m: &Message, same: bool) {
+    let role = match m.role {
+        Role::System => "system",
+        // Only OpenAI itself is sure to know `developer`; OpenAI treats `system` the same way.
+        Role::Developer if same => "developer",
+        Role::Developer => "system",
+        Role::User => "user",
+        Role::Assistant => "assistant",
+        Role::Tool => {
+            for p in &m.content {
+                if let Part::ToolResult(r) = p {
+                    out.push(json!({
+                        "role": "tool",
+                        "tool_call_id": r.tool_call_id,
+                        "content": text_content(&r.content),
+                    }));
+                }
+            }
+            return;
+        }
+    };
+    let mut msg = Map::new();
+    msg.insert("role".into(), role.into());
+    if m.role == Role::Assistant {
+        let text = m.joined_text();
+        let calls: Vec<Value> = m
+            .content
+            .iter()
+            .filter_map(|p| match p {
+                Part::ToolCall(c) => Some(json!({
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                })),
+                _ => None,
+            })
+            .collect();
+        let content = if text.is_empty() && !calls.is_empty() {
+            Value::Null
+        } else {
+            text.into()
+        };
+        msg.insert("content".into(), content);
+        if !calls.is_empty() {
+            msg.insert("tool_calls".into(), Value::Array(calls));
+        }
+    } else {
+        msg.insert("content".into(), user_content(&m.content));
+    }
+    put(&mut msg, "name", m.name.clone());
+    out.push(Value::Object(msg));
+}
+
+/// A single text part as a string (the common form), anything else as an array of parts.
+fn user_content(parts: &[Part]) -> Value {
+    if let [Part::Text { text, .. }] = parts {
+        return text.clone().into();
+    }
+    let parts: Vec<Value> = parts
+        .iter()
+        .filter_map(|p| match p {
+            Part::Text { text, .. } => Some(json!({"type": "text", "text": text})),
+            Part::Image { source, detail, .. } => {
+                let mut image = Map::new();
+                image.insert("url".into(), source.to_url().into());
+                put(&mut image, "detail", detail.clone());
+                Some(json!({"type": "image_url", "image_url": image}))
+            }
+            Part::Audio { data, format } => Some(
+                json!({"type": "input_audio", "input_audio": {"data": data, "format": format}}),
+            ),
+            Part::Video { url } => Some(json!({"type": "video_url", "video_url": {"url": url}})),
+            _ => None,
+        })
+        .collect();
+    if parts.is_empty() {
+        return "".into();
+    }
+    Value::Array(parts)
+}
+
+/// Tool message content: text only (Chat tool messages cannot carry images).
+fn text_content(parts: &[Part]) -> Value {
+    let texts: Vec<&str> = parts
+        .iter()
+        .filter_map(|p| match p {
+            Part::Text { text, .. } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    match texts.as_slice() {
+        [] => "".into(),
+        [one] => (*one).into(),
+        many => Value::Array(
+            many.iter()
+                .map(|t| json!({"type": "text", "text": t}))
+                .collect(),
+        ),
+    }
+}
+
+fn tool_choice_value(c: &ToolChoice) -> Value {
+    match c {
+        ToolChoice::Auto => "auto".into(),
+        ToolChoice::None => "none".into(),
+        ToolChoice::Required => "required".into(),
+        ToolChoice::Function(name) => json!({"type": "function", "function": {"name": name}}),
+    }
+}
+
+fn response_format_value(f: &ResponseFormat) -> Value {
+    match f {
+        ResponseFormat::Text => json!({"type": "text"}),
+        ResponseFormat::JsonObject => json!({"type": "json_object"}),
+        ResponseFormat::JsonSchema {
+            name,
+            description,
+            schema,
+            strict,
+        } => {
+            let mut s = Map::new();
+            s.insert("name".into(), name.clone().into());
+            put(&mut s, "description", description.clone());
+            s.insert("schema".into(), schema.clone());
+            put(&mut s, "strict", *strict);
+            json!({"type": "json_schema", "json_schema": s})
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(r: &Request) -> Value {
+        serde_json::from_slice(&build_request(r, "up")).unwrap()
+    }
+
+    #[test]
+    fn same_dialect_keeps_unknown_fields_and_the_max_tokens_name() {
+        let r = parse_request(
+            br#"{"model":"m","messages":[{"role":"developer","content":"d"},{"role":"user","content":"x"}],
+                "n":2,"logprobs":true,"max_completion_tokens":9,"stream":true,
+                "stream_options":{"include_usage":false}}"#,
+        )
+        .unwrap();
+        let b = body(&r);
+        assert_eq!(b["n"], 2);
+        assert_eq!(b["logprobs"], true);
+        assert_eq!(b["max_completion_tokens"], 9);
+        assert!(b.get("max_tokens").is_none());
+        assert_eq!(b["messages"][0]["role"], "developer");
+        assert_eq!(b["stream_options"], json!({"include_usage": true}));
+    }
+
+    #[test]
+    fn other_dialects_get_max_tokens_and_system_for_developer() {
+        let mut r = parse_request(
+            br#"{"model":"m","messages":[{"role":"developer","content":"d"},{"role":"user","content":"x"}],"n":2,"max_tokens":5}"#,
+        )
+        .unwrap();
+        r.source = Dialect::AnthropicMessages;
+        let b = body(&r);
+        assert!(b.get("n").is_none());
+        assert_eq!(b["max_tokens"], 5);
+        assert_eq!(b["messages"][0]["role"], "system");
+        assert!(b.get("stream").is_none());
+    }
+
+    #[test]
+    fn rejects_what_it_cannot_translate() {
+        for (body, reason) in [
+            (
+                r#"{"model":"m","messages":[{"role":"function","content":"x","name":"f"}]}"#,
+                "legacy function calling",
+            ),
+            (
+                r#"{"model":"m","messages":[{"role":"user","content":[{"type":"file","file":{}}]}]}"#,
+                "`messages[0].content[0].type` `file` is not supported",
+            ),
+            (
+                r#"{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"custom","custom":{}}]}"#,
+                "only `function` tools",
+            ),
+            (
+                r#"{"model":"m","messages":[{"role":"user","content":"x"}],"reasoning_effort":"max"}"#,
+                "`reasoning_effort` must be",
+            ),
+            (
+                r#"{"model":"m","messages":[{"role":"tool","content":"x"}]}"#,
+                "`messages[0].tool_call_id` is required",
+            ),
+        ] {
+            let err = parse_request(body.as_bytes()).unwrap_err();
+            assert!(err.contains(reason), "{err} should contain {reason}");
+        }
+    }
+}
