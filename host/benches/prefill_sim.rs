@@ -238,6 +238,7 @@ async fn run(mode: &Mode, arrivals: &[Arrival]) -> Summary {
             max_tokens: None,
             stream: true,
             modalities: Default::default(),
+            call: Default::default(),
         };
         let plan = select_at(&model, &facts, &ctx, None, at(a.at))
             .await

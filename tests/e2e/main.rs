@@ -13,4 +13,5 @@ mod config_errors;
 mod health;
 mod pipeline;
 mod proxy;
+mod sdk_clients;
 mod strategies;

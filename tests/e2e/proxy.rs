@@ -285,7 +285,13 @@ async fn a_stream_never_falls_back_after_its_first_event() {
         "3 relayed events then an error event: {events:?}"
     );
     let last: serde_json::Value = serde_json::from_str(&events[3].1).unwrap();
-    assert_eq!(last["error"]["code"], "stream_interrupted", "{last}");
+    assert!(
+        last["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("upstream stream failed"),
+        "{last}"
+    );
     assert_eq!(a.chat_requests().await, 1);
     assert_eq!(
         b.chat_requests().await,

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use endpoint_id::endpoint_id;
-pub use raw::ProviderKind;
+pub use raw::{Capability, ProviderKind};
 
 /// A config that could not be loaded. The message always names the file.
 #[derive(Debug, thiserror::Error)]
@@ -137,6 +137,8 @@ pub struct RouteConfig {
     pub pricing: Option<raw::RawPricing>,
     pub local_deployment: bool,
     pub metadata: serde_json::Map<String, serde_json::Value>,
+    /// The inbound calls this route serves.
+    pub capabilities: Vec<Capability>,
 }
 
 impl Config {
@@ -315,6 +317,9 @@ fn validate(
                 pricing: r.pricing,
                 local_deployment: r.local_deployment.unwrap_or(is_loopback),
                 metadata: r.metadata.unwrap_or_default(),
+                capabilities: r
+                    .capabilities
+                    .unwrap_or_else(|| r.kind.default_capabilities()),
             });
         }
 

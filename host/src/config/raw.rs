@@ -241,6 +241,50 @@ pub struct RawRoute {
     pub local_deployment: Option<bool>,
     /// Free-form resource metadata handed to strategies as JSON.
     pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
+    /// The inbound calls this route can serve; replaces the provider kind's default set.
+    pub capabilities: Option<Vec<Capability>>,
+}
+
+/// An inbound call a route can serve.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Capability {
+    /// `/v1/chat/completions`
+    #[default]
+    ChatCompletions,
+    /// `/v1/responses`
+    Responses,
+    /// `/v1/messages`
+    Messages,
+    /// `/v1/embeddings`
+    Embeddings,
+}
+
+impl Capability {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Capability::ChatCompletions => "chat_completions",
+            Capability::Responses => "responses",
+            Capability::Messages => "messages",
+            Capability::Embeddings => "embeddings",
+        }
+    }
+}
+
+impl ProviderKind {
+    /// What a provider of this kind serves unless a route says otherwise: every chat dialect
+    /// (through translation), and embeddings for OpenAI-compatible servers only.
+    pub fn default_capabilities(self) -> Vec<Capability> {
+        let mut caps = vec![
+            Capability::ChatCompletions,
+            Capability::Responses,
+            Capability::Messages,
+        ];
+        if self == ProviderKind::OpenaiCompat {
+            caps.push(Capability::Embeddings);
+        }
+        caps
+    }
 }
 
 fn default_weight() -> f64 {

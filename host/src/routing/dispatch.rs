@@ -1,5 +1,8 @@
 //! Executing a plan: try routes in order until one answers, keep attribution, report observations.
 //!
+//! When the client and the upstream speak the same dialect, bodies and events pass through with only
+//! the model name changed; otherwise they are translated through the IR (`protocol::ir`).
+//!
 //! A stream is locked to its route at its first event: splicing a second provider into an SSE stream
 //! would duplicate role events and corrupt usage, so after that point a failure ends the stream with
 //! an error event instead of falling back.
@@ -13,10 +16,11 @@ use bytes::Bytes;
 use eventsource_stream::{Event, EventStreamError, Eventsource};
 use futures::{Stream, StreamExt};
 
-use crate::config::RouteConfig;
-use crate::protocol::openai_chat::{self, ChatRequest};
+use crate::config::{ProviderKind, RouteConfig};
+use crate::protocol::ir::{self, StreamEvent};
+use crate::protocol::{Decoder, Dialect, Encoder};
 use crate::strategy::{ModelRouter, Observation};
-use crate::upstream::{AttemptError, UpstreamClient};
+use crate::upstream::{AttemptError, UpstreamAuth, UpstreamClient};
 
 use super::RoutingContext;
 use super::health::{Outcome, Ticket};
@@ -91,13 +95,76 @@ pub enum Answer {
     },
 }
 
-/// Tries the plan's routes in order for a Chat Completions request.
-pub async fn chat_completions(
+/// A chat request as it arrived: its dialect, its IR, and the parsed body for pass-through.
+#[derive(Debug, Clone)]
+pub struct Inbound {
+    pub dialect: Dialect,
+    pub request: ir::Request,
+    pub body: serde_json::Map<String, serde_json::Value>,
+    pub prompt_tokens: u32,
+}
+
+/// The dialect an upstream of this kind speaks.
+pub fn upstream_dialect(kind: ProviderKind) -> Dialect {
+    match kind {
+        ProviderKind::OpenaiCompat => Dialect::OpenAiChat,
+        ProviderKind::OpenaiResponses => Dialect::OpenAiResponses,
+        ProviderKind::Anthropic => Dialect::AnthropicMessages,
+    }
+}
+
+/// The URL and credential style of a call to `route` in `dialect`.
+fn endpoint(route: &RouteConfig, dialect: Dialect) -> (String, UpstreamAuth<'_>) {
+    let key = route.api_key.as_deref();
+    match dialect {
+        // Anthropic base URLs conventionally stop before `/v1`.
+        Dialect::AnthropicMessages => {
+            let base = route.base_url.trim_end_matches('/');
+            let url = if base.ends_with("/v1") {
+                format!("{base}/messages")
+            } else {
+                format!("{base}/v1/messages")
+            };
+            (url, UpstreamAuth::Anthropic(key))
+        }
+        other => (
+            format!("{}{}", route.base_url, other.path()),
+            UpstreamAuth::Bearer(key),
+        ),
+    }
+}
+
+/// The body for `route`: the client's own JSON with the upstream's model name when the dialects
+/// match (fields the IR does not model reach the upstream untouched), else built from the IR.
+fn upstream_body(inbound: &Inbound, route: &RouteConfig, dialect: Dialect) -> Vec<u8> {
+    if dialect != inbound.dialect {
+        return dialect.build_request(&inbound.request, &route.provider_model_id);
+    }
+    let mut body = inbound.body.clone();
+    body.insert(
+        "model".into(),
+        serde_json::Value::String(route.provider_model_id.clone()),
+    );
+    // Usage on Chat streams lets the gateway account tokens; the extra chunk is valid for clients.
+    if dialect == Dialect::OpenAiChat && inbound.request.stream {
+        let options = body
+            .entry("stream_options")
+            .or_insert_with(|| serde_json::Value::Object(Default::default()));
+        if let serde_json::Value::Object(o) = options {
+            o.entry("include_usage")
+                .or_insert(serde_json::Value::Bool(true));
+        }
+    }
+    serde_json::to_vec(&body).unwrap_or_default()
+}
+
+/// Tries the plan's routes in order for a chat request in any dialect.
+pub async fn chat(
     client: &UpstreamClient,
     ctx: &RoutingContext,
     caller: Option<Arc<str>>,
     model: &Arc<ModelEntry>,
-    request: &ChatRequest,
+    inbound: &Inbound,
     plan: Plan,
 ) -> Result<Answer, DispatchError> {
     let health = &ctx.health;
@@ -129,43 +196,65 @@ pub async fn chat_completions(
         let uncached = ctx.prefill.uncached_estimate(
             caller.as_deref(),
             &route.endpoint_id,
-            u64::from(request.prompt_tokens),
+            u64::from(inbound.prompt_tokens),
             started,
         );
         let lease = ctx
             .prefill
             .acquire(caller.clone(), &route.endpoint_id, uncached);
-        let url = format!("{}/chat/completions", route.base_url);
-        let body = openai_chat::upstream_body(request, &route.provider_model_id);
-        let attempt = match client.post_json(&url, route.api_key.as_deref(), body).await {
-            Ok(response) if request.stream => {
-                let outcome = StreamAccounting {
+        let dialect = upstream_dialect(route.kind);
+        let (url, auth) = endpoint(route, dialect);
+        let body = upstream_body(inbound, route, dialect);
+        let attempt = match client.post_json(&url, auth, body).await {
+            Ok(response) if inbound.request.stream => {
+                let accounting = StreamAccounting {
                     ctx: ctx.clone(),
                     caller: caller.clone(),
                     endpoint_id: route.endpoint_id.clone(),
                     ticket,
                     lease,
-                    prompt_tokens: u64::from(request.prompt_tokens),
+                    prompt_tokens: u64::from(inbound.prompt_tokens),
                 };
-                open_stream(response, model, route, request, &plan, started, outcome).await
+                open_stream(
+                    response, model, route, dialect, inbound, &plan, started, accounting,
+                )
+                .await
             }
-            Ok(response) => complete(client, response, model, route, request, &plan, started).await,
+            Ok(response) => {
+                let answer = complete(client, response, route, dialect, inbound).await;
+                drop(lease);
+                answer
+            }
             Err(e) => Err(e),
         };
         match attempt {
             Ok(answer) => {
                 if let Partial::Complete { usage, .. } = &answer {
                     health.record(&route.endpoint_id, ticket, Outcome::Success, None);
-                    let prompt = if usage.prompt > 0 {
-                        u64::from(usage.prompt)
+                    let prompt = if usage.input_tokens > 0 {
+                        u64::from(usage.input_tokens)
                     } else {
-                        u64::from(request.prompt_tokens)
+                        u64::from(inbound.prompt_tokens)
                     };
                     ctx.prefill.remember(
                         caller.as_deref(),
                         &route.endpoint_id,
                         prompt,
                         Instant::now(),
+                    );
+                    let elapsed = started.elapsed().as_secs_f64() * 1000.0;
+                    report(
+                        &model.router,
+                        observation(
+                            route,
+                            &plan,
+                            inbound,
+                            true,
+                            Some(elapsed),
+                            started,
+                            *usage,
+                            200,
+                        ),
                     );
                 }
                 let attribution = Attribution {
@@ -179,8 +268,8 @@ pub async fn chat_completions(
                     Partial::Complete { body, usage } => Answer::Complete {
                         body,
                         attribution,
-                        prompt_tokens: usage.prompt,
-                        completion_tokens: usage.completion,
+                        prompt_tokens: usage.input_tokens,
+                        completion_tokens: usage.output_tokens,
                     },
                     Partial::Stream { events, summary } => Answer::Stream {
                         events,
@@ -199,18 +288,115 @@ pub async fn chat_completions(
                 if let Some(c) = &caller {
                     ctx.affinity.drop_if(c, model.id(), &route.endpoint_id);
                 }
-                observe(
+                report(
                     &model.router,
-                    route,
-                    &plan,
-                    request,
-                    false,
-                    None,
-                    started,
-                    Usage::default(),
-                    e.status(),
+                    observation(
+                        route,
+                        &plan,
+                        inbound,
+                        false,
+                        None,
+                        started,
+                        ir::Usage::default(),
+                        e.status(),
+                    ),
                 );
                 tracing::debug!(endpoint = %route.endpoint_id, "attempt failed: {e}");
+                failed.push(FailedAttempt {
+                    provider: route.kind.as_str().to_owned(),
+                    endpoint_id: route.endpoint_id.clone(),
+                    error_type: e.error_type(),
+                    error: e.to_string(),
+                    status: e.status(),
+                });
+            }
+        }
+    }
+    Err(DispatchError {
+        attempts: failed,
+        excluded,
+    })
+}
+
+/// Tries the plan's routes for an embeddings request (OpenAI-compatible upstreams, no streaming,
+/// no translation).
+pub async fn embeddings(
+    client: &UpstreamClient,
+    ctx: &RoutingContext,
+    model: &Arc<ModelEntry>,
+    body: &serde_json::Map<String, serde_json::Value>,
+    plan: Plan,
+) -> Result<(Bytes, Attribution), DispatchError> {
+    let mut failed = Vec::new();
+    let mut excluded = plan.excluded.clone();
+    for &position in &plan.order {
+        let Some(route) = model.routes().get(position) else {
+            continue;
+        };
+        let ticket = if plan.pinned {
+            Ticket::Normal
+        } else {
+            match ctx.health.claim(&route.endpoint_id, Instant::now()) {
+                Some(t) => t,
+                None => {
+                    excluded.push(Exclusion {
+                        endpoint_id: route.endpoint_id.clone(),
+                        reason: "circuit open".into(),
+                    });
+                    continue;
+                }
+            }
+        };
+        let mut upstream = body.clone();
+        upstream.insert(
+            "model".into(),
+            serde_json::Value::String(route.provider_model_id.clone()),
+        );
+        let url = format!("{}/embeddings", route.base_url);
+        let sent = client
+            .post_json(
+                &url,
+                UpstreamAuth::Bearer(route.api_key.as_deref()),
+                serde_json::to_vec(&upstream).unwrap_or_default(),
+            )
+            .await;
+        let result = match sent {
+            Ok(response) => client.read_body(response).await.and_then(|b| {
+                serde_json::from_slice::<serde_json::Value>(&b)
+                    .ok()
+                    .filter(|v| v.get("data").is_some_and(|d| d.is_array()))
+                    .map(|_| b)
+                    .ok_or_else(|| AttemptError::InvalidResponse("no `data` array".into()))
+            }),
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(bytes) => {
+                ctx.health
+                    .record(&route.endpoint_id, ticket, Outcome::Success, None);
+                let attribution = Attribution {
+                    provider: route.kind.as_str().to_owned(),
+                    base_url: route.base_url.clone(),
+                    endpoint_id: route.endpoint_id.clone(),
+                    fell_back: !failed.is_empty(),
+                    failed_attempts: failed,
+                };
+                let model_name = body
+                    .get("model")
+                    .and_then(|m| m.as_str())
+                    .unwrap_or_default();
+                return Ok((
+                    rename_model(bytes, &route.provider_model_id, model_name),
+                    attribution,
+                ));
+            }
+            Err(e) => {
+                let outcome = match &e {
+                    AttemptError::Status { status, .. } => Outcome::from_status(*status),
+                    _ => Outcome::Failure,
+                };
+                ctx.health
+                    .record(&route.endpoint_id, ticket, outcome, Some(&e.to_string()));
                 failed.push(FailedAttempt {
                     provider: route.kind.as_str().to_owned(),
                     endpoint_id: route.endpoint_id.clone(),
@@ -230,7 +416,7 @@ pub async fn chat_completions(
 enum Partial {
     Complete {
         body: Bytes,
-        usage: Usage,
+        usage: ir::Usage,
     },
     Stream {
         events: EventStream,
@@ -238,63 +424,28 @@ enum Partial {
     },
 }
 
-#[derive(Debug, Default, Clone, Copy)]
-struct Usage {
-    prompt: u32,
-    completion: u32,
-    cached: u32,
-}
-
-fn usage_of(value: &serde_json::Value) -> Option<Usage> {
-    let u = value.get("usage")?;
-    let n = |v: Option<&serde_json::Value>| {
-        v.and_then(serde_json::Value::as_u64)
-            .unwrap_or(0)
-            .min(u64::from(u32::MAX)) as u32
-    };
-    Some(Usage {
-        prompt: n(u.get("prompt_tokens")),
-        completion: n(u.get("completion_tokens")),
-        cached: n(u
-            .get("prompt_tokens_details")
-            .and_then(|d| d.get("cached_tokens"))),
-    })
-}
-
 async fn complete(
     client: &UpstreamClient,
     response: reqwest::Response,
-    model: &Arc<ModelEntry>,
     route: &RouteConfig,
-    request: &ChatRequest,
-    plan: &Plan,
-    started: Instant,
+    dialect: Dialect,
+    inbound: &Inbound,
 ) -> Result<Partial, AttemptError> {
     let body = client.read_body(response).await?;
-    let value: serde_json::Value = serde_json::from_slice(&body)
-        .map_err(|e| AttemptError::InvalidResponse(format!("body is not JSON: {e}")))?;
-    if value.get("choices").is_none_or(|c| !c.is_array()) {
-        return Err(AttemptError::InvalidResponse(
-            "no `choices` array in the answer".into(),
-        ));
-    }
-    let usage = usage_of(&value).unwrap_or_default();
-    let elapsed = started.elapsed().as_secs_f64() * 1000.0;
-    observe(
-        &model.router,
-        route,
-        plan,
-        request,
-        true,
-        Some(elapsed),
-        started,
-        usage,
-        200,
-    );
-    Ok(Partial::Complete {
-        body: rename_model(body, &route.provider_model_id, &request.model),
-        usage,
-    })
+    let parsed = dialect
+        .parse_response(&body)
+        .map_err(AttemptError::InvalidResponse)?;
+    let usage = parsed.usage;
+    let body = if dialect == inbound.dialect {
+        rename_model(body, &route.provider_model_id, &inbound.request.model)
+    } else {
+        Bytes::from(
+            inbound
+                .dialect
+                .build_response(&parsed, &inbound.request.model),
+        )
+    };
+    Ok(Partial::Complete { body, usage })
 }
 
 /// What a stream owes the routing state: its health outcome (success at the first token, failure
@@ -310,59 +461,71 @@ struct StreamAccounting {
     prompt_tokens: u64,
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn open_stream(
     response: reqwest::Response,
     model: &Arc<ModelEntry>,
     route: &RouteConfig,
-    request: &ChatRequest,
+    dialect: Dialect,
+    inbound: &Inbound,
     plan: &Plan,
     started: Instant,
-    outcome: StreamAccounting,
+    accounting: StreamAccounting,
 ) -> Result<Partial, AttemptError> {
     let mut events = response.bytes_stream().eventsource();
     // Until the first event nothing has reached the client, so a failure here can still fall back.
     let first = match events.next().await {
         Some(Ok(event)) => event,
-        Some(Err(e)) => return Err(AttemptError::EmptyStream(stream_error(&e))),
+        Some(Err(e)) => return Err(AttemptError::EmptyStream(e.to_string())),
         None => return Err(AttemptError::EmptyStream("no events".into())),
     };
+    let passthrough = dialect == inbound.dialect;
     let (summary_tx, summary) = tokio::sync::oneshot::channel();
     let mut relay = StreamRelay {
-        summary: Some(summary_tx),
-        outcome: Some(outcome),
-        accounting: None,
         upstream: Box::pin(events),
-        pending_first: None,
+        decoder: dialect.decoder(),
+        encoder: (!passthrough).then(|| {
+            inbound
+                .dialect
+                .encoder_for(&inbound.request.model, &inbound.request)
+        }),
+        client_dialect: inbound.dialect,
+        pending: std::collections::VecDeque::new(),
         router: model.router.clone(),
         route_index: route.index,
         provider_model_id: route.provider_model_id.clone(),
-        public_model: request.model.clone(),
+        public_model: inbound.request.model.clone(),
         strategy_metadata: plan.strategy_metadata.clone(),
-        prompt_tokens: request.prompt_tokens,
+        prompt_tokens: inbound.prompt_tokens,
         started,
         first_token: None,
-        usage: Usage::default(),
+        usage: ir::Usage::default(),
+        upstream_error: None,
         finished: false,
+        summary: Some(summary_tx),
+        outcome: Some(accounting),
+        accounting: None,
     };
-    relay.pending_first = relay.frame(first);
+    relay.relay(first);
     Ok(Partial::Stream {
         events: Box::pin(relay),
         summary,
     })
 }
 
-fn stream_error<E: std::fmt::Display>(e: &EventStreamError<E>) -> String {
-    e.to_string()
-}
-
 type UpstreamEvents =
     Pin<Box<dyn Stream<Item = Result<Event, EventStreamError<reqwest::Error>>> + Send>>;
 
-/// Relays upstream SSE events to the client one by one, noting the first token and usage on the way
+/// Relays upstream SSE events to the client as they come — verbatim (model renamed) when the
+/// dialects match, else re-encoded — decoding each one to note the first token, usage and errors,
 /// and reporting the observation when the stream ends.
 struct StreamRelay {
     upstream: UpstreamEvents,
-    pending_first: Option<Bytes>,
+    decoder: Decoder,
+    /// `None` when the client speaks the upstream's dialect (pass-through).
+    encoder: Option<Encoder>,
+    client_dialect: Dialect,
+    pending: std::collections::VecDeque<Bytes>,
     router: Arc<ModelRouter>,
     route_index: u32,
     provider_model_id: String,
@@ -371,7 +534,9 @@ struct StreamRelay {
     prompt_tokens: u32,
     started: Instant,
     first_token: Option<f64>,
-    usage: Usage,
+    usage: ir::Usage,
+    /// Set when the upstream's stream reported an error event.
+    upstream_error: Option<String>,
     finished: bool,
     summary: Option<tokio::sync::oneshot::Sender<StreamSummary>>,
     /// Health outcome not yet reported.
@@ -381,38 +546,24 @@ struct StreamRelay {
 }
 
 impl StreamRelay {
-    /// Frames one event for the client; `None` for events that carry nothing to relay.
-    fn frame(&mut self, event: Event) -> Option<Bytes> {
-        let data = event.data;
-        if data.trim() == "[DONE]" {
-            return Some(Bytes::from_static(b"data: [DONE]\n\n"));
+    /// Queues what one upstream event becomes for the client.
+    fn relay(&mut self, event: Event) {
+        let decoded = self.decoder.decode(&event.event, &event.data);
+        self.account(&decoded);
+        match &mut self.encoder {
+            Some(encoder) => self.pending.extend(encoder.encode_all(&decoded)),
+            None => self.pending.push_back(self.verbatim(event)),
         }
-        // Only chunks that can change what we track are parsed: until the first token, and usage.
-        if (self.first_token.is_none() || data.contains("\"usage\""))
-            && let Ok(value) = serde_json::from_str::<serde_json::Value>(&data)
-        {
-            if self.first_token.is_none() && carries_token(&value) {
-                self.first_token = Some(self.started.elapsed().as_secs_f64() * 1000.0);
-                // A content or tool-call delta makes the stream a success; a role delta does not.
-                if let Some(mut o) = self.outcome.take() {
-                    o.ctx
-                        .health
-                        .record(&o.endpoint_id, o.ticket, Outcome::Success, None);
-                    // Prefill is over once tokens flow; a long decode is not prefill pressure.
-                    o.lease.release();
-                    self.accounting = Some(o);
-                }
-            }
-            if let Some(u) = usage_of(&value) {
-                self.usage = u;
-            }
-        }
+    }
+
+    /// The upstream's own frame, with the public model name.
+    fn verbatim(&self, event: Event) -> Bytes {
         let data = rename_model(
-            Bytes::from(data),
+            Bytes::from(event.data),
             &self.provider_model_id,
             &self.public_model,
         );
-        let mut out = Vec::with_capacity(data.len() + 8);
+        let mut out = Vec::with_capacity(data.len() + event.event.len() + 16);
         if !event.event.is_empty() && event.event != "message" {
             out.extend_from_slice(b"event: ");
             out.extend_from_slice(event.event.as_bytes());
@@ -421,7 +572,52 @@ impl StreamRelay {
         out.extend_from_slice(b"data: ");
         out.extend_from_slice(&data);
         out.extend_from_slice(b"\n\n");
-        Some(Bytes::from(out))
+        Bytes::from(out)
+    }
+
+    fn account(&mut self, events: &[StreamEvent]) {
+        for event in events {
+            match event {
+                StreamEvent::TextDelta(_)
+                | StreamEvent::ReasoningDelta(_)
+                | StreamEvent::ToolCallStart { .. }
+                | StreamEvent::ToolCallDelta { .. }
+                    if self.first_token.is_none() =>
+                {
+                    self.first_token = Some(self.started.elapsed().as_secs_f64() * 1000.0);
+                    // A content or tool-call delta makes the stream a success; a role delta
+                    // does not.
+                    if let Some(mut o) = self.outcome.take() {
+                        o.ctx
+                            .health
+                            .record(&o.endpoint_id, o.ticket, Outcome::Success, None);
+                        // Prefill is over once tokens flow; a long decode is not prefill pressure.
+                        o.lease.release();
+                        self.accounting = Some(o);
+                    }
+                }
+                StreamEvent::Usage(u) => self.usage = *u,
+                StreamEvent::Error { message, .. } => {
+                    self.upstream_error = Some(message.clone());
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// The client's error frame for a stream that broke after its first event.
+    fn error_frames(&mut self, message: String) -> Vec<Bytes> {
+        let event = StreamEvent::Error {
+            status: 502,
+            message,
+        };
+        match &mut self.encoder {
+            Some(encoder) => encoder.encode(&event),
+            None => self
+                .client_dialect
+                .encoder(&self.public_model)
+                .encode(&event),
+        }
     }
 
     fn finish(&mut self, error: Option<String>) {
@@ -446,26 +642,26 @@ impl StreamRelay {
             }
             self.accounting = Some(o);
         }
-        if let Some(a) = self.accounting.take() {
+        if let Some(a) = self.accounting.take()
+            && success
+        {
             // Only a completed prompt becomes a warm-continuation hint.
-            if success {
-                let prompt = if self.usage.prompt > 0 {
-                    u64::from(self.usage.prompt)
-                } else {
-                    a.prompt_tokens
-                };
-                a.ctx
-                    .prefill
-                    .remember(a.caller.as_deref(), &a.endpoint_id, prompt, Instant::now());
-            }
+            let prompt = if self.usage.input_tokens > 0 {
+                u64::from(self.usage.input_tokens)
+            } else {
+                a.prompt_tokens
+            };
+            a.ctx
+                .prefill
+                .remember(a.caller.as_deref(), &a.endpoint_id, prompt, Instant::now());
         }
         let latency = self.started.elapsed().as_secs_f64() * 1000.0;
         if let Some(tx) = self.summary.take() {
             let _ = tx.send(StreamSummary {
                 ttft_ms: self.first_token,
                 latency_ms: latency,
-                prompt_tokens: self.usage.prompt,
-                completion_tokens: self.usage.completion,
+                prompt_tokens: self.usage.input_tokens,
+                completion_tokens: self.usage.output_tokens,
                 error,
             });
         }
@@ -476,13 +672,13 @@ impl StreamRelay {
                 success,
                 ttft_ms: self.first_token,
                 latency_ms: latency,
-                prompt_tokens: if self.usage.prompt > 0 {
-                    self.usage.prompt
+                prompt_tokens: if self.usage.input_tokens > 0 {
+                    self.usage.input_tokens
                 } else {
                     self.prompt_tokens
                 },
-                completion_tokens: self.usage.completion,
-                cached_prompt_tokens: self.usage.cached,
+                completion_tokens: self.usage.output_tokens,
+                cached_prompt_tokens: self.usage.cached_input_tokens,
                 status: 200,
                 strategy_metadata: std::mem::take(&mut self.strategy_metadata),
                 now_ms: now_ms(),
@@ -495,36 +691,41 @@ impl Stream for StreamRelay {
     type Item = Bytes;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
-        if let Some(first) = self.pending_first.take() {
-            return Poll::Ready(Some(first));
-        }
-        if self.finished {
-            return Poll::Ready(None);
-        }
         loop {
+            if let Some(frame) = self.pending.pop_front() {
+                return Poll::Ready(Some(frame));
+            }
+            if self.finished {
+                return Poll::Ready(None);
+            }
             match self.upstream.as_mut().poll_next(cx) {
                 Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(Ok(event))) => self.relay(event),
                 Poll::Ready(None) => {
-                    self.finish(None);
-                    return Poll::Ready(None);
-                }
-                Poll::Ready(Some(Ok(event))) => {
-                    if let Some(bytes) = self.frame(event) {
-                        return Poll::Ready(Some(bytes));
+                    // The decoder knows whether the answer was complete.
+                    let closing = self.decoder.finish();
+                    self.account(&closing);
+                    if let Some(encoder) = &mut self.encoder {
+                        let frames = encoder.encode_all(&closing);
+                        self.pending.extend(frames);
+                    } else if let Some(StreamEvent::Error { message, .. }) = closing
+                        .iter()
+                        .find(|e| matches!(e, StreamEvent::Error { .. }))
+                    {
+                        // Cut off without its terminal event: say so in the client's dialect.
+                        let frames = self.error_frames(message.clone());
+                        self.pending.extend(frames);
                     }
+                    let error = self.upstream_error.clone();
+                    self.finish(error);
                 }
                 Poll::Ready(Some(Err(e))) => {
                     // Bytes already reached the client: end with an error event, never fall back.
                     tracing::warn!("upstream stream broke after its first event: {e}");
-                    self.finish(Some(format!("upstream stream failed: {e}")));
-                    let payload = serde_json::json!({
-                        "error": {
-                            "message": format!("upstream stream failed: {e}"),
-                            "type": "upstream_error",
-                            "code": "stream_interrupted",
-                        }
-                    });
-                    return Poll::Ready(Some(Bytes::from(format!("data: {payload}\n\n"))));
+                    let message = format!("upstream stream failed: {e}");
+                    let frames = self.error_frames(message.clone());
+                    self.pending.extend(frames);
+                    self.finish(Some(message));
                 }
             }
         }
@@ -533,45 +734,53 @@ impl Stream for StreamRelay {
 
 impl Drop for StreamRelay {
     fn drop(&mut self) {
-        // Dropped before the upstream finished: the client went away. Not the upstream's fault,
-        // so the strategy is not told; the request log is.
         // The lease is released by its own Drop; the probe claim must be given back.
         if let Some(o) = self.outcome.take() {
             o.ctx.health.release(&o.endpoint_id, o.ticket);
         }
+        // Dropped before the upstream finished: the client went away. Not the upstream's fault,
+        // so the strategy is not told; the request log is.
         if !self.finished
             && let Some(tx) = self.summary.take()
         {
             let _ = tx.send(StreamSummary {
                 ttft_ms: self.first_token,
                 latency_ms: self.started.elapsed().as_secs_f64() * 1000.0,
-                prompt_tokens: self.usage.prompt,
-                completion_tokens: self.usage.completion,
+                prompt_tokens: self.usage.input_tokens,
+                completion_tokens: self.usage.output_tokens,
                 error: Some("client disconnected".into()),
             });
         }
     }
 }
 
-/// A chunk carries a token when a choice's delta has content, reasoning or tool calls.
-fn carries_token(value: &serde_json::Value) -> bool {
-    value
-        .get("choices")
-        .and_then(serde_json::Value::as_array)
-        .is_some_and(|choices| {
-            choices.iter().any(|c| {
-                c.get("delta").is_some_and(|d| {
-                    ["content", "reasoning_content", "reasoning"]
-                        .iter()
-                        .any(|k| {
-                            d.get(*k)
-                                .and_then(serde_json::Value::as_str)
-                                .is_some_and(|s| !s.is_empty())
-                        })
-                        || d.get("tool_calls").is_some_and(|t| !t.is_null())
-                })
-            })
-        })
+#[allow(clippy::too_many_arguments)]
+fn observation(
+    route: &RouteConfig,
+    plan: &Plan,
+    inbound: &Inbound,
+    success: bool,
+    ttft_ms: Option<f64>,
+    started: Instant,
+    usage: ir::Usage,
+    status: u16,
+) -> Observation {
+    Observation {
+        index: route.index,
+        success,
+        ttft_ms,
+        latency_ms: started.elapsed().as_secs_f64() * 1000.0,
+        prompt_tokens: if usage.input_tokens > 0 {
+            usage.input_tokens
+        } else {
+            inbound.prompt_tokens
+        },
+        completion_tokens: usage.output_tokens,
+        cached_prompt_tokens: usage.cached_input_tokens,
+        status,
+        strategy_metadata: plan.strategy_metadata.clone(),
+        now_ms: now_ms(),
+    }
 }
 
 /// Replaces the upstream's model name with the public one without re-serialising the JSON: the
@@ -617,39 +826,6 @@ fn report(router: &Arc<ModelRouter>, observation: Observation) {
     tokio::spawn(async move { router.observe(&observation).await });
 }
 
-#[allow(clippy::too_many_arguments)]
-fn observe(
-    router: &Arc<ModelRouter>,
-    route: &RouteConfig,
-    plan: &Plan,
-    request: &ChatRequest,
-    success: bool,
-    ttft_ms: Option<f64>,
-    started: Instant,
-    usage: Usage,
-    status: u16,
-) {
-    report(
-        router,
-        Observation {
-            index: route.index,
-            success,
-            ttft_ms,
-            latency_ms: started.elapsed().as_secs_f64() * 1000.0,
-            prompt_tokens: if usage.prompt > 0 {
-                usage.prompt
-            } else {
-                request.prompt_tokens
-            },
-            completion_tokens: usage.completion,
-            cached_prompt_tokens: usage.cached,
-            status,
-            strategy_metadata: plan.strategy_metadata.clone(),
-            now_ms: now_ms(),
-        },
-    );
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -666,16 +842,5 @@ mod tests {
         assert_eq!(&out[..], br#"{"model": "pub"}"#);
         let untouched = rename_model(Bytes::from_static(br#"{"model":"other"}"#), "sim", "pub");
         assert_eq!(&untouched[..], br#"{"model":"other"}"#);
-    }
-
-    #[test]
-    fn role_only_delta_is_not_a_token() {
-        let role: serde_json::Value =
-            serde_json::from_str(r#"{"choices":[{"delta":{"role":"assistant","content":""}}]}"#)
-                .unwrap();
-        let content: serde_json::Value =
-            serde_json::from_str(r#"{"choices":[{"delta":{"content":"Hi"}}]}"#).unwrap();
-        assert!(!carries_token(&role));
-        assert!(carries_token(&content));
     }
 }

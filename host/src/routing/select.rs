@@ -3,7 +3,7 @@
 
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use crate::config::RouteConfig;
+use crate::config::{Capability, RouteConfig};
 use crate::strategy::bindings::PrefillPolicy;
 use crate::strategy::{Candidate, CircuitState as WitCircuit, Modalities, Request};
 
@@ -23,6 +23,8 @@ pub struct RequestFacts {
     pub max_tokens: Option<u32>,
     pub stream: bool,
     pub modalities: Modalities,
+    /// The inbound call; routes that cannot serve it are not candidates.
+    pub call: Capability,
 }
 
 /// A route left out before or during dispatch, and why.
@@ -145,10 +147,19 @@ pub async fn select_at(
     let routes = model.routes();
     let mut excluded = Vec::new();
 
-    // 1. Modalities.
+    // 1. Capabilities, then modalities.
     let mut admitted: Vec<&RouteConfig> = Vec::with_capacity(routes.len());
     let mut missing_everywhere: Vec<&'static str> = Vec::new();
+    let mut capable = 0;
     for route in routes {
+        if !route.capabilities.contains(&facts.call) {
+            excluded.push(Exclusion {
+                endpoint_id: route.endpoint_id.clone(),
+                reason: format!("cannot serve {}", facts.call.as_str()),
+            });
+            continue;
+        }
+        capable += 1;
         let missing = missing_modalities(route, facts.modalities);
         if missing.is_empty() {
             admitted.push(route);
@@ -164,7 +175,13 @@ pub async fn select_at(
             });
         }
     }
-    if admitted.is_empty() && !routes.is_empty() {
+    if capable == 0 {
+        return Err(SelectionError::NoAdmissibleRoute {
+            model: model.id().to_owned(),
+            excluded,
+        });
+    }
+    if admitted.is_empty() {
         return Err(SelectionError::MissingModality {
             model: model.id().to_owned(),
             missing: missing_everywhere,

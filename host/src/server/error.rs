@@ -3,6 +3,7 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
+use crate::protocol::Dialect;
 use crate::routing::dispatch::{DispatchError, FailedAttempt};
 use crate::routing::select::{Exclusion, SelectionError, describe};
 
@@ -123,12 +124,39 @@ fn primary_message(attempts: &[FailedAttempt]) -> String {
     }
 }
 
-impl IntoResponse for GatewayError {
-    fn into_response(self) -> Response {
+impl GatewayError {
+    /// The error as a response in the client's own dialect: OpenAI's shape for Chat Completions
+    /// and Responses, Anthropic's for Messages, both carrying the attempts or exclusions.
+    pub fn response_in(self, dialect: Dialect) -> Response {
         let status = self.status();
         if status.is_server_error() {
             tracing::warn!(status = status.as_u16(), "request failed: {self}");
         }
-        (status, axum::Json(self.openai_body())).into_response()
+        let openai = self.openai_body();
+        let body = match dialect {
+            Dialect::AnthropicMessages => {
+                let message = openai["error"]["message"].as_str().unwrap_or_default();
+                let mut body = dialect.error_body(status.as_u16(), message);
+                if let (Some(from), Some(to)) = (
+                    openai["error"].as_object(),
+                    body.get_mut("error").and_then(|e| e.as_object_mut()),
+                ) {
+                    for key in ["attempts", "excluded", "endpoints"] {
+                        if let Some(v) = from.get(key) {
+                            to.insert(key.into(), v.clone());
+                        }
+                    }
+                }
+                body
+            }
+            Dialect::OpenAiChat | Dialect::OpenAiResponses => openai,
+        };
+        (status, axum::Json(body)).into_response()
+    }
+}
+
+impl IntoResponse for GatewayError {
+    fn into_response(self) -> Response {
+        self.response_in(Dialect::OpenAiChat)
     }
 }

@@ -3,22 +3,19 @@
 pub mod admin;
 pub mod caller;
 pub mod error;
+mod inference;
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::body::{Body, Bytes};
-use axum::extract::{ConnectInfo, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use std::net::SocketAddr;
 
 use crate::gateway::Gateway;
-use crate::protocol::openai_chat;
-use crate::routing::dispatch::{self, Answer, Attribution};
-use crate::routing::select::{self, RequestFacts};
+use crate::routing::dispatch::Attribution;
 use crate::store::api_log::ApiLogRow;
 
 pub use error::GatewayError;
@@ -26,7 +23,11 @@ pub use error::GatewayError;
 /// The gateway's HTTP routes.
 pub fn router(gateway: Arc<Gateway>) -> Router {
     Router::new()
-        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/chat/completions", post(inference::chat_completions))
+        .route("/v1/responses", post(inference::responses))
+        .route("/v1/messages", post(inference::messages))
+        .route("/v1/messages/count_tokens", post(inference::count_tokens))
+        .route("/v1/embeddings", post(inference::embeddings))
         .route("/v1/models", get(list_models))
         .route("/health", get(health))
         .route("/health/deep", get(admin::health_deep))
@@ -66,150 +67,6 @@ async fn list_models(State(gateway): State<Arc<Gateway>>) -> Json<serde_json::Va
         })
         .collect();
     Json(serde_json::json!({ "object": "list", "data": data }))
-}
-
-async fn chat_completions(
-    State(gateway): State<Arc<Gateway>>,
-    extensions: axum::http::Extensions,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Result<Response, GatewayError> {
-    let started = Instant::now();
-    let request = openai_chat::parse(&body).map_err(GatewayError::InvalidBody)?;
-    let table = gateway.table();
-    let model = table
-        .resolve(&request.model)
-        .filter(|m| m.config.published && !m.routes().is_empty())
-        .ok_or_else(|| GatewayError::ModelNotFound(request.model.clone()))?
-        .clone();
-    drop(table);
-    // X-Route-Pin is an operator's debugging tool: honoured for admin callers only.
-    let pin = headers
-        .get("x-route-pin")
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
-        .filter(|p| !p.is_empty())
-        .filter(|_| admin::is_admin(&gateway, &headers));
-    let caller = caller::identify(
-        &headers,
-        extensions
-            .get::<ConnectInfo<SocketAddr>>()
-            .map(|ConnectInfo(addr)| *addr),
-        &gateway.config.server.trusted_proxies,
-    );
-    let facts = RequestFacts {
-        caller: caller.key.clone(),
-        caller_hash: caller.hash,
-        prompt_tokens: request.prompt_tokens,
-        max_tokens: request.max_tokens,
-        stream: request.stream,
-        modalities: request.modalities,
-    };
-    let plan = select::select(&model, &facts, &gateway.routing, pin).await?;
-    let strategy_error = plan.strategy_error.clone();
-    let result = dispatch::chat_completions(
-        gateway.upstreams(),
-        &gateway.routing,
-        caller.key,
-        &model,
-        &request,
-        plan,
-    )
-    .await;
-    match result {
-        Ok(Answer::Complete {
-            body,
-            attribution,
-            prompt_tokens,
-            completion_tokens,
-        }) => {
-            log_request(
-                &request.model,
-                &attribution,
-                started,
-                strategy_error.as_deref(),
-            );
-            let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
-            gateway.record(ApiLogRow {
-                model: model.config.id.clone(),
-                status: 200,
-                // Without streaming the whole answer is the first token.
-                ttft_ms: Some(latency_ms),
-                latency_ms,
-                prompt_tokens: Some(clamp_i32(prompt_tokens)),
-                completion_tokens: Some(clamp_i32(completion_tokens)),
-                ..attributed_row(&attribution)
-            });
-            Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
-        }
-        Ok(Answer::Stream {
-            events,
-            attribution,
-            summary,
-        }) => {
-            log_request(
-                &request.model,
-                &attribution,
-                started,
-                strategy_error.as_deref(),
-            );
-            let row = ApiLogRow {
-                model: model.config.id.clone(),
-                status: 200,
-                ..attributed_row(&attribution)
-            };
-            let logger = gateway.clone();
-            tokio::spawn(async move {
-                let Ok(s) = summary.await else { return };
-                logger.record(ApiLogRow {
-                    ttft_ms: s.ttft_ms,
-                    latency_ms: s.latency_ms,
-                    prompt_tokens: Some(clamp_i32(s.prompt_tokens)),
-                    completion_tokens: Some(clamp_i32(s.completion_tokens)),
-                    error: s.error,
-                    ..row
-                });
-            });
-            let mut response = Response::new(Body::from_stream(futures::StreamExt::map(
-                events,
-                Ok::<_, std::convert::Infallible>,
-            )));
-            let h = response.headers_mut();
-            h.insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("text/event-stream"),
-            );
-            h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-            // Tell buffering proxies (nginx) to pass events through as they come.
-            h.insert("x-accel-buffering", HeaderValue::from_static("no"));
-            Ok(response)
-        }
-        Err(e) => {
-            let err = GatewayError::from(e);
-            let status = err.status().as_u16();
-            tracing::info!(
-                target: "switchyard::access",
-                model = %request.model,
-                status,
-                latency_ms = started.elapsed().as_millis() as u64,
-                "all attempts failed"
-            );
-            let attempts = match &err {
-                GatewayError::AllAttemptsFailed(d) => d.attempts.len(),
-                _ => 0,
-            };
-            gateway.record(ApiLogRow {
-                model: model.config.id.clone(),
-                endpoint_id: None,
-                attempts: attempts as i32,
-                status: i32::from(status),
-                latency_ms: started.elapsed().as_secs_f64() * 1000.0,
-                error: Some(err.to_string()),
-                ..ApiLogRow::default()
-            });
-            Err(err)
-        }
-    }
 }
 
 fn clamp_i32(n: u32) -> i32 {

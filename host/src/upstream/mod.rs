@@ -50,6 +50,18 @@ impl AttemptError {
     }
 }
 
+/// How an upstream expects its credential.
+#[derive(Debug, Clone, Copy)]
+pub enum UpstreamAuth<'a> {
+    /// `Authorization: Bearer <key>` (OpenAI and compatible servers).
+    Bearer(Option<&'a str>),
+    /// `x-api-key: <key>` plus `anthropic-version`.
+    Anthropic(Option<&'a str>),
+}
+
+/// The Anthropic API version the gateway speaks.
+const ANTHROPIC_VERSION: &str = "2023-06-01";
+
 /// The shared upstream HTTP client (connection pool per upstream host).
 #[derive(Clone)]
 pub struct UpstreamClient {
@@ -77,7 +89,7 @@ impl UpstreamClient {
     pub async fn post_json(
         &self,
         url: &str,
-        api_key: Option<&str>,
+        auth: UpstreamAuth<'_>,
         body: Vec<u8>,
     ) -> Result<reqwest::Response, AttemptError> {
         let mut request = self
@@ -85,8 +97,15 @@ impl UpstreamClient {
             .post(url)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(body);
-        if let Some(key) = api_key {
-            request = request.bearer_auth(key);
+        match auth {
+            UpstreamAuth::Bearer(Some(key)) => request = request.bearer_auth(key),
+            UpstreamAuth::Anthropic(key) => {
+                request = request.header("anthropic-version", ANTHROPIC_VERSION);
+                if let Some(key) = key {
+                    request = request.header("x-api-key", key);
+                }
+            }
+            UpstreamAuth::Bearer(None) => {}
         }
         let response = tokio::time::timeout(self.first_byte_timeout, request.send())
             .await
