@@ -19,7 +19,7 @@ fn unknown_strategy_lists_the_known_ones() {
         "{err}"
     );
     assert!(
-        err.contains("known strategies: fixed, round_robin"),
+        err.contains("known strategies: fixed, round_robin, routewise"),
         "{err}"
     );
 }

@@ -13,5 +13,6 @@ mod config_errors;
 mod health;
 mod pipeline;
 mod proxy;
+mod routewise;
 mod sdk_clients;
 mod strategies;

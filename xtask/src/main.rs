@@ -37,6 +37,11 @@ const COMPONENTS: &[Component] = &[
         file: "round_robin.wasm",
     },
     Component {
+        package: "strategy-routewise",
+        dir: "strategies",
+        file: "routewise.wasm",
+    },
+    Component {
         package: "strategy-spin-forever",
         dir: "strategies-testing",
         file: "spin_forever.wasm",

@@ -16,7 +16,7 @@ use super::bindings::{
 use super::engine::StrategyEngine;
 
 /// The strategies that ship with Switchyard; each is expected in the built-in folder as `{name}.wasm`.
-pub const BUILTIN_STRATEGIES: &[&str] = &["fixed", "round_robin"];
+pub const BUILTIN_STRATEGIES: &[&str] = &["fixed", "round_robin", "routewise"];
 
 /// A compiled strategy, ready to instantiate one router per model.
 pub struct LoadedStrategy {

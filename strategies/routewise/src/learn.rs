@@ -1,0 +1,509 @@
+//! What RouteWise learns from observations: latency profiles, the output-length predictor and the
+//! cost envelope. Time is always the host's `now-ms`; nothing here reads a clock.
+
+use std::collections::{BTreeMap, VecDeque};
+
+/// TTFT recorded for a failed attempt, in milliseconds.
+pub const FAILURE_PENALTY_MS: f64 = 60_000.0;
+
+/// Samples the cost envelope keeps at most (the newest win), so percentiles stay cheap.
+pub const ENVELOPE_MAX_SAMPLES: usize = 8_192;
+
+/// A dirty, calibrated envelope is recomputed at most this often (an uncalibrated one at once).
+pub const ENVELOPE_RECOMPUTE_MS: u64 = 1_000;
+
+/// A running mean's count is halved (with its sum) when it reaches this, so old behaviour fades.
+pub const OUTPUT_STAT_CAP: u64 = 10_000;
+
+/// Rolling TTFT samples of one endpoint within a time window.
+#[derive(Clone, Debug, Default)]
+pub struct LatencyProfile {
+    samples: VecDeque<(u64, f64)>,
+    sum: f64,
+}
+
+impl LatencyProfile {
+    /// Adds a sample at `now_ms`, then trims to the window and to `max_samples` (oldest first).
+    pub fn push(&mut self, now_ms: u64, ttft_ms: f64, window_ms: u64, max_samples: usize) {
+        if !ttft_ms.is_finite() || ttft_ms < 0.0 {
+            return;
+        }
+        self.samples.push_back((now_ms, ttft_ms));
+        self.sum += ttft_ms;
+        while self.samples.len() > max_samples.max(1) {
+            self.pop_front();
+        }
+        self.trim(now_ms, window_ms);
+    }
+
+    /// Drops samples older than `window_ms` before `now_ms`.
+    pub fn trim(&mut self, now_ms: u64, window_ms: u64) {
+        let cutoff = now_ms.saturating_sub(window_ms);
+        while self.samples.front().is_some_and(|&(t, _)| t < cutoff) {
+            self.pop_front();
+        }
+    }
+
+    fn pop_front(&mut self) {
+        if let Some((_, ms)) = self.samples.pop_front() {
+            self.sum -= ms;
+        }
+        if self.samples.is_empty() {
+            self.sum = 0.0;
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.samples.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.samples.is_empty()
+    }
+
+    /// Mean TTFT of the samples in the window; `None` without samples.
+    pub fn mean(&self) -> Option<f64> {
+        (!self.samples.is_empty()).then(|| (self.sum / self.samples.len() as f64).max(0.0))
+    }
+
+    /// Share of samples at or below `slo_ms`; `None` without samples.
+    pub fn slo_share(&self, slo_ms: f64) -> Option<f64> {
+        (!self.samples.is_empty()).then(|| {
+            let within = self.samples.iter().filter(|(_, ms)| *ms <= slo_ms).count();
+            within as f64 / self.samples.len() as f64
+        })
+    }
+}
+
+/// A running mean with a soft cap on its count.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct MeanStat {
+    pub count: u64,
+    pub sum: f64,
+}
+
+impl MeanStat {
+    fn add(&mut self, value: f64) {
+        self.count += 1;
+        self.sum += value;
+        if self.count >= OUTPUT_STAT_CAP {
+            self.count /= 2;
+            self.sum /= 2.0;
+        }
+    }
+
+    pub fn mean(&self) -> Option<f64> {
+        (self.count > 0).then(|| self.sum / self.count as f64)
+    }
+
+    fn mean_if(&self, min_samples: u32) -> Option<f64> {
+        (self.count >= u64::from(min_samples.max(1)))
+            .then(|| self.mean())
+            .flatten()
+    }
+}
+
+/// Where a prediction came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutputSource {
+    Bucket,
+    Model,
+    Global,
+    Default,
+}
+
+impl OutputSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Bucket => "bucket",
+            Self::Model => "model",
+            Self::Global => "global",
+            Self::Default => "default",
+        }
+    }
+}
+
+/// Minimum samples per level and the default, from the params.
+#[derive(Clone, Copy, Debug)]
+pub struct OutputThresholds {
+    pub bucket: u32,
+    pub model: u32,
+    pub global: u32,
+    pub default_tokens: u32,
+}
+
+/// Predicts completion tokens from (model, ⌊log2 prompt tokens⌋).
+#[derive(Clone, Debug, Default)]
+pub struct OutputPredictor {
+    buckets: BTreeMap<(String, u32), MeanStat>,
+    models: BTreeMap<String, MeanStat>,
+    global: MeanStat,
+}
+
+/// ⌊log2 prompt_tokens⌋, with 0 tokens in bucket 0.
+pub fn prompt_bucket(prompt_tokens: u32) -> u32 {
+    prompt_tokens.max(1).ilog2()
+}
+
+impl OutputPredictor {
+    pub fn record(&mut self, model: &str, prompt_tokens: u32, completion_tokens: u32) {
+        let value = f64::from(completion_tokens);
+        self.buckets
+            .entry((model.to_owned(), prompt_bucket(prompt_tokens)))
+            .or_default()
+            .add(value);
+        self.models.entry(model.to_owned()).or_default().add(value);
+        self.global.add(value);
+    }
+
+    /// Bucket mean, else model mean, else global mean, else the default; capped by `max_tokens`, at
+    /// least 1.
+    pub fn predict(
+        &self,
+        model: &str,
+        prompt_tokens: u32,
+        max_tokens: Option<u32>,
+        thresholds: OutputThresholds,
+    ) -> (u32, OutputSource) {
+        let bucket = self
+            .buckets
+            .get(&(model.to_owned(), prompt_bucket(prompt_tokens)))
+            .and_then(|s| s.mean_if(thresholds.bucket));
+        let (tokens, source) = if let Some(mean) = bucket {
+            (mean, OutputSource::Bucket)
+        } else if let Some(mean) = self
+            .models
+            .get(model)
+            .and_then(|s| s.mean_if(thresholds.model))
+        {
+            (mean, OutputSource::Model)
+        } else if let Some(mean) = self.global.mean_if(thresholds.global) {
+            (mean, OutputSource::Global)
+        } else {
+            (f64::from(thresholds.default_tokens), OutputSource::Default)
+        };
+        let mut tokens = tokens.round().clamp(0.0, f64::from(u32::MAX)) as u32;
+        if let Some(max) = max_tokens {
+            tokens = tokens.min(max);
+        }
+        (tokens.max(1), source)
+    }
+
+    pub fn global(&self) -> MeanStat {
+        self.global
+    }
+
+    pub fn model(&self, model: &str) -> MeanStat {
+        self.models.get(model).copied().unwrap_or_default()
+    }
+
+    /// The buckets of `model`: (⌊log2⌋, stat).
+    pub fn buckets<'a>(&'a self, model: &'a str) -> impl Iterator<Item = (u32, MeanStat)> + 'a {
+        self.buckets
+            .iter()
+            .filter(move |((m, _), _)| m == model)
+            .map(|((_, b), s)| (*b, *s))
+    }
+}
+
+/// The envelope's current bounds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Bounds {
+    /// Samples in the window.
+    pub samples: usize,
+    pub calibrated: bool,
+    /// L after the fix-up (`None` without samples).
+    pub lower: Option<f64>,
+    /// U (`None` without samples).
+    pub upper: Option<f64>,
+    /// Whether L was replaced by `U · 1e-3` (the raw percentile was ≤ 0 or ≥ U).
+    pub lower_fixed: bool,
+}
+
+impl Bounds {
+    const EMPTY: Bounds = Bounds {
+        samples: 0,
+        calibrated: false,
+        lower: None,
+        upper: None,
+        lower_fixed: false,
+    };
+
+    /// The quota shadow price `L · (U/L)^z` at used fraction `z` (clamped to [0, 0.9999]); `None`
+    /// while uncalibrated.
+    pub fn shadow_price(&self, used_fraction: f64) -> Option<f64> {
+        if !self.calibrated {
+            return None;
+        }
+        let (lower, upper) = (self.lower?, self.upper?);
+        let z = if used_fraction.is_nan() {
+            0.0
+        } else {
+            used_fraction.clamp(0.0, 0.9999)
+        };
+        if upper <= 0.0 || lower <= 0.0 {
+            return Some(0.0);
+        }
+        Some(lower * (upper / lower).powf(z))
+    }
+}
+
+/// Envelope settings, from the params.
+#[derive(Clone, Copy, Debug)]
+pub struct EnvelopeSettings {
+    pub window_ms: u64,
+    pub lower_percentile: f64,
+    pub upper_percentile: f64,
+    pub min_samples: u32,
+}
+
+/// Per-request cost samples (the cheapest on-demand cost of each served request) over a window;
+/// their lower/upper percentiles bound the shadow price of quota routes.
+#[derive(Clone, Debug)]
+pub struct CostEnvelope {
+    samples: VecDeque<(u64, f64)>,
+    bounds: Bounds,
+    dirty: bool,
+    computed_at_ms: u64,
+}
+
+impl Default for CostEnvelope {
+    fn default() -> Self {
+        Self {
+            samples: VecDeque::new(),
+            bounds: Bounds::EMPTY,
+            dirty: false,
+            computed_at_ms: 0,
+        }
+    }
+}
+
+/// Linear interpolation between closest ranks (`numpy.percentile`'s default) of unsorted values.
+pub fn percentile(values: &mut [f64], p: f64) -> Option<f64> {
+    let n = values.len();
+    if n == 0 {
+        return None;
+    }
+    let rank = (p.clamp(0.0, 100.0) / 100.0) * (n - 1) as f64;
+    let lo = rank.floor() as usize;
+    let frac = rank - lo as f64;
+    let (_, &mut at_lo, above) = values.select_nth_unstable_by(lo, f64::total_cmp);
+    let at_hi = if frac > 0.0 {
+        above.iter().copied().fold(f64::INFINITY, f64::min)
+    } else {
+        at_lo
+    };
+    if !at_hi.is_finite() {
+        return Some(at_lo);
+    }
+    Some(at_lo + (at_hi - at_lo) * frac)
+}
+
+impl CostEnvelope {
+    pub fn record(&mut self, now_ms: u64, cost: f64) {
+        if !cost.is_finite() || cost < 0.0 {
+            return;
+        }
+        self.samples.push_back((now_ms, cost));
+        while self.samples.len() > ENVELOPE_MAX_SAMPLES {
+            self.samples.pop_front();
+        }
+        self.dirty = true;
+    }
+
+    pub fn trim(&mut self, now_ms: u64, window_ms: u64) {
+        let cutoff = now_ms.saturating_sub(window_ms);
+        while self.samples.front().is_some_and(|&(t, _)| t < cutoff) {
+            self.samples.pop_front();
+            self.dirty = true;
+        }
+    }
+
+    /// Trims to the window and returns the bounds, recomputing them when samples changed (at most
+    /// every [`ENVELOPE_RECOMPUTE_MS`] once calibrated).
+    pub fn bounds(&mut self, now_ms: u64, settings: EnvelopeSettings) -> Bounds {
+        self.trim(now_ms, settings.window_ms);
+        let due = !self.bounds.calibrated
+            || now_ms < self.computed_at_ms
+            || now_ms >= self.computed_at_ms.saturating_add(ENVELOPE_RECOMPUTE_MS);
+        if self.dirty && due {
+            self.bounds = self.compute(settings);
+            self.dirty = false;
+            self.computed_at_ms = now_ms;
+        }
+        self.bounds
+    }
+
+    /// The last computed bounds (for `status`).
+    pub fn last_bounds(&self) -> Bounds {
+        self.bounds
+    }
+
+    fn compute(&self, settings: EnvelopeSettings) -> Bounds {
+        let mut values: Vec<f64> = self.samples.iter().map(|&(_, c)| c).collect();
+        let (Some(raw_lower), Some(upper)) = (
+            percentile(&mut values, settings.lower_percentile),
+            percentile(&mut values, settings.upper_percentile),
+        ) else {
+            return Bounds::EMPTY;
+        };
+        let lower_fixed = raw_lower <= 0.0 || raw_lower >= upper;
+        Bounds {
+            samples: values.len(),
+            calibrated: values.len() >= settings.min_samples.max(1) as usize,
+            lower: Some(if lower_fixed { upper * 1e-3 } else { raw_lower }),
+            upper: Some(upper),
+            lower_fixed,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn profile_window_cap_and_mean() {
+        let mut p = LatencyProfile::default();
+        assert_eq!(p.mean(), None);
+        p.push(0, 100.0, 1_000, 3);
+        p.push(500, 300.0, 1_000, 3);
+        assert_eq!(p.mean(), Some(200.0));
+        // Cap: the oldest goes.
+        p.push(600, 500.0, 1_000, 3);
+        p.push(700, 700.0, 1_000, 3);
+        assert_eq!(p.len(), 3);
+        assert_eq!(p.mean(), Some(500.0));
+        // Window: at 1 550 only samples from 550 on remain.
+        p.trim(1_550, 1_000);
+        assert_eq!(p.len(), 2);
+        assert_eq!(p.mean(), Some(600.0));
+        p.trim(10_000, 1_000);
+        assert!(p.is_empty());
+        assert_eq!(p.mean(), None);
+        p.push(10_000, f64::NAN, 1_000, 3);
+        assert!(p.is_empty());
+        p.push(10_000, 2_000.0, 1_000, 3);
+        assert_eq!(p.slo_share(3_000.0), Some(1.0));
+        assert_eq!(p.slo_share(1_000.0), Some(0.0));
+    }
+
+    const T: OutputThresholds = OutputThresholds {
+        bucket: 3,
+        model: 3,
+        global: 3,
+        default_tokens: 512,
+    };
+
+    #[test]
+    fn output_predictor_falls_back_level_by_level() {
+        let mut o = OutputPredictor::default();
+        assert_eq!(o.predict("m", 100, None, T), (512, OutputSource::Default));
+        assert_eq!(
+            o.predict("m", 100, Some(64), T),
+            (64, OutputSource::Default)
+        );
+        assert_eq!(o.predict("m", 100, Some(0), T), (1, OutputSource::Default));
+        // Three samples of another model: global level only.
+        for tokens in [10, 20, 30] {
+            o.record("other", 100, tokens);
+        }
+        assert_eq!(o.predict("m", 100, None, T), (20, OutputSource::Global));
+        // Three samples of m in bucket ⌊log2 5000⌋ = 12.
+        for tokens in [100, 200, 300] {
+            o.record("m", 5_000, tokens);
+        }
+        assert_eq!(o.predict("m", 100, None, T), (200, OutputSource::Model));
+        assert_eq!(o.predict("m", 4_096, None, T), (200, OutputSource::Bucket));
+        assert_eq!(o.predict("m", 8_192, None, T), (200, OutputSource::Model));
+        o.record("m", 4_500, 1_000);
+        // Bucket 12 mean: 400; model mean: 400 too; the cap still applies.
+        assert_eq!(o.predict("m", 6_000, None, T), (400, OutputSource::Bucket));
+        assert_eq!(
+            o.predict("m", 6_000, Some(50), T),
+            (50, OutputSource::Bucket)
+        );
+        assert_eq!(prompt_bucket(0), 0);
+        assert_eq!(prompt_bucket(1), 0);
+        assert_eq!(prompt_bucket(1_024), 10);
+    }
+
+    #[test]
+    fn percentile_interpolates_linearly() {
+        let mut v: Vec<f64> = (1..=11).rev().map(f64::from).collect();
+        assert_eq!(percentile(&mut v, 10.0), Some(2.0));
+        assert_eq!(percentile(&mut v, 90.0), Some(10.0));
+        assert_eq!(percentile(&mut v, 50.0), Some(6.0));
+        let mut v = vec![4.0, 0.0];
+        assert_eq!(percentile(&mut v, 25.0), Some(1.0));
+        assert_eq!(percentile(&mut [], 50.0), None);
+        assert_eq!(percentile(&mut [7.0], 90.0), Some(7.0));
+    }
+
+    const S: EnvelopeSettings = EnvelopeSettings {
+        window_ms: 10_000,
+        lower_percentile: 10.0,
+        upper_percentile: 90.0,
+        min_samples: 5,
+    };
+
+    #[test]
+    fn envelope_calibrates_at_min_samples_and_fixes_lower() {
+        let mut e = CostEnvelope::default();
+        for (i, cost) in [1.0, 2.0, 3.0, 4.0].into_iter().enumerate() {
+            e.record(i as u64, cost);
+        }
+        let b = e.bounds(10, S);
+        assert_eq!(b.samples, 4);
+        assert!(!b.calibrated);
+        assert_eq!(b.shadow_price(0.5), None);
+        e.record(10, 5.0);
+        let b = e.bounds(10, S);
+        assert!(b.calibrated);
+        assert!((b.lower.unwrap_or(0.0) - 1.4).abs() < 1e-12);
+        assert!((b.upper.unwrap_or(0.0) - 4.6).abs() < 1e-12);
+        assert!(!b.lower_fixed);
+        // Shadow price: L at z = 0, U at z = 1 (clamped to 0.9999).
+        assert!((b.shadow_price(0.0).unwrap_or(0.0) - 1.4).abs() < 1e-12);
+        assert!((b.shadow_price(2.0).unwrap_or(0.0) - 4.6).abs() < 1e-3);
+        let mid = b.shadow_price(0.5).unwrap_or(0.0);
+        assert!((mid - (1.4f64 * 4.6).sqrt()).abs() < 1e-12, "{mid}");
+
+        // Every sample 0 but one: L ≤ 0 → L = U · 1e-3.
+        let mut e = CostEnvelope::default();
+        for i in 0..9 {
+            e.record(i, 0.0);
+        }
+        e.record(9, 10.0);
+        let b = e.bounds(9, S);
+        assert!(b.lower_fixed);
+        let upper = b.upper.unwrap_or(0.0);
+        assert!((upper - 1.0).abs() < 1e-9, "{upper}");
+        assert_eq!(b.lower, Some(upper * 1e-3));
+        // All equal: L ≥ U → fixed too.
+        let mut e = CostEnvelope::default();
+        for i in 0..5 {
+            e.record(i, 2.0);
+        }
+        let b = e.bounds(5, S);
+        assert!(b.lower_fixed);
+        assert_eq!(b.lower, Some(2e-3));
+    }
+
+    #[test]
+    fn envelope_window_and_throttle() {
+        let mut e = CostEnvelope::default();
+        for i in 0..5 {
+            e.record(i, 1.0 + i as f64);
+        }
+        assert!(e.bounds(5, S).calibrated);
+        // A new sample within the throttle interval keeps the cached bounds.
+        e.record(100, 100.0);
+        assert_eq!(e.bounds(100, S).samples, 5);
+        assert_eq!(e.bounds(1_005, S).samples, 6);
+        // Past the window every sample but the newest is gone: uncalibrated again.
+        let b = e.bounds(10_050, S);
+        assert_eq!(b.samples, 1);
+        assert!(!b.calibrated);
+    }
+}

@@ -1,0 +1,840 @@
+//! `routewise`: cost-aware routing by a latency-minimising budget LP.
+//!
+//! For each request every feasible candidate gets an effective cost `c_j` (on-demand: its token
+//! price for the prompt and the predicted completion; quota: a scarcity shadow price; concurrency: 0
+//! while a slot is free) and a TTFT estimate (mean of its live latency profile). The LP
+//! ([`lp`]) minimises mean TTFT subject to `Σ π_j c_j ≤ B` with
+//! `B = c_min + α (c_max − c_min)`; the primary is drawn from the resulting (at most two-route)
+//! mixture with the request's seed. An endpoint with no samples is explored once per lease. See
+//! `docs/routewise.md` for the formulas, params, metadata and what the host supplies.
+//!
+//! Everything runs inside the component from the WIT inputs; time is the host's `now-ms`.
+
+mod capacity;
+mod learn;
+pub mod lp;
+mod metadata;
+mod params;
+
+#[cfg(test)]
+mod tests;
+
+use std::cmp::Ordering;
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+use switchyard_sdk::{
+    Candidate, Decision, LogLevel, Observation, Pricing, Request, Rng, Route, Strategy,
+    StrategyInfo, declared_positions, log,
+};
+
+pub use capacity::{CONCURRENCY_ACQUIRE_TIMEOUT_MS, QuotaState};
+pub use learn::{ENVELOPE_MAX_SAMPLES, FAILURE_PENALTY_MS};
+pub use lp::{LpStatus, Plan};
+pub use metadata::{ProviderKind, QuotaSnapshot, RouteMeta};
+pub use params::{FallbackMode, HedgeMode, RouteWiseParams};
+
+use capacity::{ConcurrencyPools, QuotaPools};
+use learn::{
+    Bounds, CostEnvelope, EnvelopeSettings, LatencyProfile, OutputPredictor, OutputThresholds,
+};
+
+/// How long an exploration lease keeps other requests from exploring the same endpoint.
+pub const EXPLORATION_LEASE_MS: u64 = 60_000;
+
+/// Identifies one decision in `decision.strategy-metadata`; the host hands it back in `observe`.
+///
+/// Encoded as `rw1:<epoch 8 hex>-<seq>:<primary index>:<predicted cost USD>:<flags>`, e.g.
+/// `rw1:1f2e3d4c-42:2:3.5e-4:c`. `epoch` is fixed per router instance (so a re-created instance
+/// ignores its predecessor's decisions), `seq` counts decisions; flags are `e` (exploration),
+/// `c` (a concurrency slot was acquired for the primary) or `-`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DecisionTag {
+    pub epoch: u32,
+    pub seq: u64,
+    pub primary: u32,
+    pub predicted_cost: f64,
+    pub explore: bool,
+    pub slot: bool,
+}
+
+impl DecisionTag {
+    pub fn encode(&self) -> String {
+        let mut flags = String::new();
+        if self.explore {
+            flags.push('e');
+        }
+        if self.slot {
+            flags.push('c');
+        }
+        if flags.is_empty() {
+            flags.push('-');
+        }
+        format!(
+            "rw1:{:08x}-{}:{}:{:e}:{}",
+            self.epoch, self.seq, self.primary, self.predicted_cost, flags
+        )
+    }
+
+    /// `None` for anything this strategy did not produce.
+    pub fn parse(text: &str) -> Option<Self> {
+        let mut parts = text.split(':');
+        if parts.next()? != "rw1" {
+            return None;
+        }
+        let (epoch, seq) = parts.next()?.split_once('-')?;
+        let primary = parts.next()?.parse().ok()?;
+        let predicted_cost = parts.next()?.parse().ok()?;
+        let flags = parts.next()?;
+        if parts.next().is_some() {
+            return None;
+        }
+        Some(Self {
+            epoch: u32::from_str_radix(epoch, 16).ok()?,
+            seq: seq.parse().ok()?,
+            primary,
+            predicted_cost,
+            explore: flags.contains('e'),
+            slot: flags.contains('c'),
+        })
+    }
+}
+
+/// One route of the table, as RouteWise keeps it.
+#[derive(Clone, Debug)]
+struct RouteEntry {
+    endpoint_id: String,
+    pricing: Option<Pricing>,
+    meta: Result<RouteMeta, String>,
+}
+
+/// One candidate after costing, for a single decision.
+#[derive(Clone, Debug)]
+struct Evaluated {
+    index: u32,
+    endpoint_id: String,
+    kind: Option<ProviderKind>,
+    pool: Option<String>,
+    cost: f64,
+    unpriced: bool,
+    excluded: Option<&'static str>,
+    ttft_ms: f64,
+    samples: usize,
+}
+
+/// The last decision, for `status`.
+#[derive(Clone, Debug)]
+struct LastDecision {
+    at_ms: u64,
+    plan: Plan,
+    feasible: Vec<Evaluated>,
+    excluded: Vec<Evaluated>,
+    explored: Option<String>,
+    primary: Option<u32>,
+    predicted_output_tokens: u32,
+    output_source: &'static str,
+    envelope: Bounds,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Counters {
+    decisions: u64,
+    explorations: u64,
+    no_feasible: u64,
+    cheapest_fallback: u64,
+    observations: u64,
+    foreign_observations: u64,
+    slots_released: u64,
+    slots_expired: u64,
+    leases_expired: u64,
+}
+
+/// The router of one model.
+#[derive(Debug)]
+pub struct RouteWise {
+    model: String,
+    params: RouteWiseParams,
+    routes: BTreeMap<u32, RouteEntry>,
+    latency: BTreeMap<String, LatencyProfile>,
+    /// Exploration leases: endpoint → until (ms).
+    leases: BTreeMap<String, u64>,
+    output: OutputPredictor,
+    envelope: CostEnvelope,
+    concurrency: ConcurrencyPools,
+    quotas: QuotaPools,
+    epoch: Option<u32>,
+    seq: u64,
+    last: Option<LastDecision>,
+    counters: Counters,
+    /// Latest `now-ms` seen, for `status`.
+    now_ms: u64,
+}
+
+/// `(prompt − cached) · prompt + cached · cache_reads + completion · completion` per million, in
+/// USD; `None` for unusable pricing (negative or non-finite).
+fn token_cost(pricing: &Pricing, prompt: u64, cached: u64, completion: u64) -> Option<f64> {
+    let prices = [
+        pricing.prompt,
+        pricing.completion,
+        pricing.input_cache_reads,
+    ];
+    if prices.iter().any(|p| !p.is_finite() || *p < 0.0) {
+        return None;
+    }
+    let cached = cached.min(prompt);
+    let uncached = prompt - cached;
+    Some(
+        (pricing.prompt * uncached as f64
+            + pricing.input_cache_reads * cached as f64
+            + pricing.completion * completion as f64)
+            / 1e6,
+    )
+}
+
+fn float_order(a: f64, b: f64) -> Ordering {
+    a.partial_cmp(&b).unwrap_or(Ordering::Equal)
+}
+
+impl RouteWise {
+    fn window_ms(&self) -> u64 {
+        u64::from(self.params.latency_window_sec) * 1_000
+    }
+
+    fn envelope_settings(&self) -> EnvelopeSettings {
+        EnvelopeSettings {
+            window_ms: self.params.envelope_window_ms(),
+            lower_percentile: self.params.envelope_lower_percentile,
+            upper_percentile: self.params.envelope_upper_percentile,
+            min_samples: self.params.envelope_min_samples,
+        }
+    }
+
+    fn output_thresholds(&self) -> OutputThresholds {
+        OutputThresholds {
+            bucket: self.params.output_min_bucket_samples,
+            model: self.params.output_min_model_samples,
+            global: self.params.output_min_global_samples,
+            default_tokens: self.params.output_default_tokens,
+        }
+    }
+
+    /// TTFT estimate and live sample count of an endpoint.
+    fn ttft_estimate(&self, endpoint_id: &str) -> (f64, usize) {
+        match self.latency.get(endpoint_id) {
+            Some(profile) => (
+                profile
+                    .mean()
+                    .unwrap_or(self.params.latency_unprofiled_ttft_ms),
+                profile.len(),
+            ),
+            None => (self.params.latency_unprofiled_ttft_ms, 0),
+        }
+    }
+
+    fn leased(&self, endpoint_id: &str, now_ms: u64) -> bool {
+        self.leases
+            .get(endpoint_id)
+            .is_some_and(|&until| now_ms < until)
+    }
+
+    /// Frees stale concurrency slots and exploration leases.
+    fn expire(&mut self, now_ms: u64) {
+        self.now_ms = self.now_ms.max(now_ms);
+        let expired = self
+            .concurrency
+            .expire(now_ms, CONCURRENCY_ACQUIRE_TIMEOUT_MS);
+        self.counters.slots_expired += expired as u64;
+        let before = self.leases.len();
+        self.leases.retain(|_, until| now_ms < *until);
+        self.counters.leases_expired += (before - self.leases.len()) as u64;
+    }
+
+    fn evaluate(
+        &mut self,
+        request: &Request,
+        candidate: &Candidate,
+        output_tokens: u32,
+        envelope: Bounds,
+    ) -> Evaluated {
+        let window = self.window_ms();
+        let Some(route) = self.routes.get(&candidate.index) else {
+            let (ttft_ms, samples) = (self.params.latency_unprofiled_ttft_ms, 0);
+            return Evaluated {
+                index: candidate.index,
+                endpoint_id: format!("#{}", candidate.index),
+                kind: None,
+                pool: None,
+                cost: 0.0,
+                unpriced: true,
+                excluded: Some("unknown_route"),
+                ttft_ms,
+                samples,
+            };
+        };
+        let endpoint_id = route.endpoint_id.clone();
+        if let Some(profile) = self.latency.get_mut(&endpoint_id) {
+            profile.trim(request.now_ms, window);
+        }
+        let (ttft_ms, samples) = self.ttft_estimate(&endpoint_id);
+        let mut evaluated = Evaluated {
+            index: candidate.index,
+            endpoint_id,
+            kind: None,
+            pool: None,
+            cost: 0.0,
+            unpriced: false,
+            excluded: None,
+            ttft_ms,
+            samples,
+        };
+        let meta = match &route.meta {
+            Ok(meta) => meta,
+            Err(_) => {
+                evaluated.excluded = Some("invalid_metadata");
+                return evaluated;
+            }
+        };
+        evaluated.kind = Some(meta.kind);
+        match meta.kind {
+            ProviderKind::OnDemand => {
+                let prompt = u64::from(request.prompt_tokens);
+                let cached = if self.params.prefix_cache_cost_adjustment_enabled {
+                    prompt.saturating_sub(candidate.uncached_prompt_tokens)
+                } else {
+                    0
+                };
+                match route
+                    .pricing
+                    .as_ref()
+                    .and_then(|p| token_cost(p, prompt, cached, u64::from(output_tokens)))
+                {
+                    Some(cost) => evaluated.cost = cost,
+                    None => evaluated.unpriced = true,
+                }
+            }
+            ProviderKind::Quota => {
+                evaluated.pool = Some(meta.pool.clone());
+                let state = self.quotas.get(&meta.pool).map(capacity::QuotaPool::state);
+                match state {
+                    None | Some(QuotaState::NoSnapshot) => {
+                        evaluated.excluded = Some("quota_no_snapshot");
+                    }
+                    Some(QuotaState::Exhausted { .. }) => {
+                        evaluated.excluded = Some("quota_exhausted");
+                    }
+                    Some(QuotaState::Available { used, limit }) => {
+                        match envelope.shadow_price(used as f64 / limit as f64) {
+                            Some(price) => evaluated.cost = price,
+                            None => evaluated.excluded = Some("quota_envelope_uncalibrated"),
+                        }
+                    }
+                }
+            }
+            ProviderKind::Concurrency => {
+                evaluated.pool = Some(meta.pool.clone());
+                if !self.concurrency.has_free_slot(&meta.pool) {
+                    evaluated.excluded = Some("concurrency_full");
+                }
+            }
+        }
+        evaluated
+    }
+
+    /// Mixture routes by (weight desc, TTFT, cost, index); then the others by (over budget, TTFT,
+    /// cost, index). Positions into `feasible`.
+    fn fallback_positions(feasible: &[Evaluated], plan: &Plan) -> Vec<usize> {
+        let weight = |p: usize| plan.weights.get(p).copied().unwrap_or(0.0);
+        let (mut mass, mut rest): (Vec<usize>, Vec<usize>) =
+            (0..feasible.len()).partition(|&p| weight(p) > 0.0);
+        let by_speed_then_cost = |a: &Evaluated, b: &Evaluated| {
+            float_order(a.ttft_ms, b.ttft_ms)
+                .then(float_order(a.cost, b.cost))
+                .then(a.index.cmp(&b.index))
+        };
+        mass.sort_by(|&a, &b| {
+            float_order(weight(b), weight(a))
+                .then_with(|| by_speed_then_cost(&feasible[a], &feasible[b]))
+        });
+        let over = |p: usize| feasible[p].cost > plan.budget + lp::LP_EPS;
+        rest.sort_by(|&a, &b| {
+            over(a)
+                .cmp(&over(b))
+                .then_with(|| by_speed_then_cost(&feasible[a], &feasible[b]))
+        });
+        mass.extend(rest);
+        mass
+    }
+
+    /// The cheapest on-demand cost of a served request, or the reference price when the model has no
+    /// priced on-demand route.
+    fn envelope_sample(&self, observation: &Observation) -> f64 {
+        let prompt = u64::from(observation.prompt_tokens);
+        let completion = u64::from(observation.completion_tokens);
+        let cached = if self.params.prefix_cache_cost_adjustment_enabled {
+            u64::from(observation.cached_prompt_tokens)
+        } else {
+            0
+        };
+        self.routes
+            .values()
+            .filter(|r| {
+                r.meta
+                    .as_ref()
+                    .is_ok_and(|m| m.kind == ProviderKind::OnDemand)
+            })
+            .filter_map(|r| r.pricing.as_ref())
+            .filter_map(|p| token_cost(p, prompt, cached, completion))
+            .min_by(|a, b| float_order(*a, *b))
+            .unwrap_or_else(|| self.params.reference_api_price * (prompt + completion) as f64 / 1e6)
+    }
+
+    fn evaluated_json(e: &Evaluated, weight: Option<f64>) -> Value {
+        json!({
+            "index": e.index,
+            "endpoint_id": e.endpoint_id,
+            "provider_type": e.kind.map(ProviderKind::as_str),
+            "pool": e.pool,
+            "cost": e.cost,
+            "unpriced": e.unpriced,
+            "ttft_ms": e.ttft_ms,
+            "samples": e.samples,
+            "weight": weight,
+            "excluded": e.excluded,
+        })
+    }
+
+    fn last_decision_json(&self) -> Value {
+        let Some(last) = &self.last else {
+            return Value::Null;
+        };
+        let mixture: serde_json::Map<String, Value> = last
+            .feasible
+            .iter()
+            .zip(&last.plan.weights)
+            .filter(|(_, w)| **w > 0.0)
+            .map(|(e, w)| (e.endpoint_id.clone(), json!(w)))
+            .collect();
+        let mut candidates: Vec<Value> = last
+            .feasible
+            .iter()
+            .enumerate()
+            .map(|(p, e)| Self::evaluated_json(e, last.plan.weights.get(p).copied()))
+            .collect();
+        candidates.extend(last.excluded.iter().map(|e| Self::evaluated_json(e, None)));
+        json!({
+            "at_ms": last.at_ms,
+            "lp_status": last.plan.status.as_str(),
+            "mixture": mixture,
+            "budget": last.plan.budget,
+            "c_min": last.plan.c_min,
+            "c_max": last.plan.c_max,
+            "expected_cost": last.plan.expected_cost,
+            "mean_ttft_ms": last.plan.mean_ttft_ms,
+            "primary": last.primary,
+            "explored": last.explored,
+            "predicted_output_tokens": last.predicted_output_tokens,
+            "output_source": last.output_source,
+            "envelope_calibrated": last.envelope.calibrated,
+            "candidates": candidates,
+        })
+    }
+}
+
+impl Strategy for RouteWise {
+    type Params = RouteWiseParams;
+
+    fn info() -> StrategyInfo {
+        StrategyInfo::new(
+            "routewise",
+            env!("CARGO_PKG_VERSION"),
+            "Cost-aware: minimises mean TTFT under a cost budget (LP over on-demand, quota and \
+             concurrency routes), samples the primary from the optimal mixture.",
+        )
+    }
+
+    fn create(model_id: &str, params: RouteWiseParams) -> Result<Self, String> {
+        Ok(Self {
+            model: model_id.to_owned(),
+            params: params.validate()?,
+            routes: BTreeMap::new(),
+            latency: BTreeMap::new(),
+            leases: BTreeMap::new(),
+            output: OutputPredictor::default(),
+            envelope: CostEnvelope::default(),
+            concurrency: ConcurrencyPools::default(),
+            quotas: QuotaPools::default(),
+            epoch: None,
+            seq: 0,
+            last: None,
+            counters: Counters::default(),
+            now_ms: 0,
+        })
+    }
+
+    fn refresh_route_table(&mut self, routes: &[Route]) {
+        self.routes = routes
+            .iter()
+            .map(|r| {
+                let meta = RouteMeta::parse(&self.model, &r.endpoint_id, &r.metadata_json);
+                if let Err(error) = &meta {
+                    log(
+                        LogLevel::Warn,
+                        &format!(
+                            "routewise: route {} ({}) excluded: {error}",
+                            r.index, r.endpoint_id
+                        ),
+                    );
+                }
+                (
+                    r.index,
+                    RouteEntry {
+                        endpoint_id: r.endpoint_id.clone(),
+                        pricing: r.pricing,
+                        meta,
+                    },
+                )
+            })
+            .collect();
+        let mut limits: BTreeMap<String, u64> = BTreeMap::new();
+        let mut quota_routes = Vec::new();
+        for entry in self.routes.values() {
+            let Ok(meta) = &entry.meta else { continue };
+            match meta.kind {
+                ProviderKind::Concurrency => {
+                    let limit = meta.limit.unwrap_or(0);
+                    limits
+                        .entry(meta.pool.clone())
+                        .and_modify(|l| *l = (*l).min(limit))
+                        .or_insert(limit);
+                }
+                ProviderKind::Quota => {
+                    quota_routes.push((meta.pool.as_str(), meta.limit, meta.snapshot));
+                }
+                ProviderKind::OnDemand => {}
+            }
+        }
+        self.quotas.refresh(quota_routes);
+        self.concurrency.set_limits(limits);
+    }
+
+    fn select(&mut self, request: &Request, candidates: &[Candidate]) -> Result<Decision, String> {
+        let now = request.now_ms;
+        self.expire(now);
+        // Fixed per instance, from the first request: decisions of a predecessor never match.
+        let epoch = *self.epoch.get_or_insert_with(|| {
+            Rng::new(request.seed ^ request.now_ms.rotate_left(32)).next_u64() as u32
+        });
+        let seq = self.seq;
+        self.seq += 1;
+        self.counters.decisions += 1;
+        // Equivalent to `Rng::for_request` on the seed with `random_seed` XORed in.
+        let mut rng = Rng::new(request.seed ^ self.params.random_seed.unwrap_or(0));
+        let u = rng.next_f64();
+
+        let (output_tokens, output_source) = self.output.predict(
+            &self.model,
+            request.prompt_tokens,
+            request.max_tokens,
+            self.output_thresholds(),
+        );
+        let envelope = self.envelope.bounds(now, self.envelope_settings());
+        let (feasible, excluded): (Vec<Evaluated>, Vec<Evaluated>) = declared_positions(candidates)
+            .into_iter()
+            .map(|p| self.evaluate(request, &candidates[p], output_tokens, envelope))
+            .partition(|e| e.excluded.is_none());
+
+        let costs: Vec<f64> = feasible.iter().map(|e| e.cost).collect();
+        let ttft: Vec<f64> = feasible.iter().map(|e| e.ttft_ms).collect();
+        let plan = lp::plan(&costs, &ttft, self.params.budget_alpha);
+        match plan.status {
+            LpStatus::NoFeasibleCandidates => self.counters.no_feasible += 1,
+            LpStatus::CheapestFallback => self.counters.cheapest_fallback += 1,
+            LpStatus::SingleProvider | LpStatus::Optimal => {}
+        }
+
+        // Exploration: the cheapest feasible endpoint without samples and without a lease.
+        let explore = (0..feasible.len())
+            .filter(|&p| feasible[p].samples == 0 && !self.leased(&feasible[p].endpoint_id, now))
+            .min_by(|&a, &b| {
+                float_order(feasible[a].cost, feasible[b].cost)
+                    .then(feasible[a].index.cmp(&feasible[b].index))
+            });
+        let primary = explore.or_else(|| lp::sample(&plan.weights, u));
+
+        let mut order: Vec<u32> = Self::fallback_positions(&feasible, &plan)
+            .into_iter()
+            .map(|p| feasible[p].index)
+            .collect();
+        // Excluded candidates last, in declared order: a last resort rather than no answer (and the
+        // only way a model whose routes are all excluded still gets traffic to learn from).
+        order.extend(excluded.iter().map(|e| e.index));
+        if let Some(p) = primary {
+            let index = feasible[p].index;
+            order.retain(|&i| i != index);
+            order.insert(0, index);
+        }
+        if self.params.fallback_mode == FallbackMode::Strict {
+            order.truncate(1);
+        }
+
+        let mut slot = false;
+        if let Some(p) = primary {
+            let chosen = &feasible[p];
+            if explore.is_some() {
+                self.leases.insert(
+                    chosen.endpoint_id.clone(),
+                    now.saturating_add(EXPLORATION_LEASE_MS),
+                );
+                self.counters.explorations += 1;
+            }
+            match (chosen.kind, &chosen.pool) {
+                (Some(ProviderKind::Concurrency), Some(pool)) => {
+                    self.concurrency.acquire(seq, pool, chosen.index, now);
+                    slot = true;
+                }
+                (Some(ProviderKind::Quota), Some(pool)) => self.quotas.record(pool, now),
+                _ => {}
+            }
+        }
+
+        let metadata = match order.first() {
+            Some(&first) => DecisionTag {
+                epoch,
+                seq,
+                primary: first,
+                predicted_cost: primary.map_or(0.0, |p| feasible[p].cost),
+                explore: explore.is_some(),
+                slot,
+            }
+            .encode(),
+            None => String::new(),
+        };
+        self.last = Some(LastDecision {
+            at_ms: now,
+            explored: explore.map(|p| feasible[p].endpoint_id.clone()),
+            primary: order.first().copied(),
+            plan,
+            feasible,
+            excluded,
+            predicted_output_tokens: output_tokens,
+            output_source: output_source.as_str(),
+            envelope,
+        });
+        Ok(Decision::new(order).with_metadata(metadata))
+    }
+
+    fn observe(&mut self, observation: &Observation) {
+        let now = observation.now_ms;
+        self.now_ms = self.now_ms.max(now);
+        self.counters.observations += 1;
+        let tag = DecisionTag::parse(&observation.strategy_metadata)
+            .filter(|t| Some(t.epoch) == self.epoch);
+        match &tag {
+            // Attempts are sequential: any attempt of the request means the primary's is over.
+            Some(tag) => {
+                if self.concurrency.release(tag.seq) {
+                    self.counters.slots_released += 1;
+                }
+            }
+            None => self.counters.foreign_observations += 1,
+        }
+        let Some(route) = self.routes.get(&observation.index) else {
+            return;
+        };
+        let endpoint_id = route.endpoint_id.clone();
+        let quota_pool = route
+            .meta
+            .as_ref()
+            .ok()
+            .filter(|m| m.kind == ProviderKind::Quota)
+            .map(|m| m.pool.clone());
+
+        let sample = if observation.success {
+            observation
+                .ttft_ms
+                .filter(|t| t.is_finite() && *t >= 0.0)
+                .unwrap_or(observation.latency_ms)
+        } else {
+            FAILURE_PENALTY_MS
+        };
+        let (window, max) = (
+            self.window_ms(),
+            self.params.latency_max_samples_per_profile as usize,
+        );
+        let profile = self.latency.entry(endpoint_id.clone()).or_default();
+        profile.push(now, sample, window, max);
+        if !profile.is_empty() {
+            self.leases.remove(&endpoint_id);
+        }
+
+        if observation.success {
+            self.output.record(
+                &self.model,
+                observation.prompt_tokens,
+                observation.completion_tokens,
+            );
+            let cost = self.envelope_sample(observation);
+            self.envelope.record(now, cost);
+        }
+        // The primary was counted when it was chosen; fallback attempts are counted here.
+        if let Some(pool) = quota_pool
+            && tag.as_ref().is_none_or(|t| t.primary != observation.index)
+        {
+            self.quotas.record(&pool, now);
+        }
+    }
+
+    fn status(&self) -> String {
+        let now = self.now_ms;
+        let slo_ms = self.params.latency_slo_sec * 1_000.0;
+        let mut latency = serde_json::Map::new();
+        let mut routes = Vec::new();
+        for (index, entry) in &self.routes {
+            let profile = self.latency.get(&entry.endpoint_id);
+            let (estimate, samples) = self.ttft_estimate(&entry.endpoint_id);
+            latency.insert(
+                entry.endpoint_id.clone(),
+                json!({
+                    "samples": samples,
+                    "mean_ttft_ms": profile.and_then(LatencyProfile::mean),
+                    "estimate_ms": estimate,
+                    "slo_share": profile.and_then(|p| p.slo_share(slo_ms)),
+                    "exploration_lease_until_ms": self.leases.get(&entry.endpoint_id)
+                        .filter(|&&until| now < until),
+                }),
+            );
+            routes.push(match &entry.meta {
+                Ok(meta) => json!({
+                    "index": index,
+                    "endpoint_id": entry.endpoint_id,
+                    "provider_type": meta.kind.as_str(),
+                    "pool": (meta.kind != ProviderKind::OnDemand).then_some(&meta.pool),
+                    "priced": entry.pricing.is_some(),
+                }),
+                Err(error) => json!({
+                    "index": index,
+                    "endpoint_id": entry.endpoint_id,
+                    "metadata_error": error,
+                }),
+            });
+        }
+        let stale_after_ms = u64::from(self.params.quota_snapshot_refresh_interval_sec) * 2_000;
+        let quota: serde_json::Map<String, Value> = self
+            .quotas
+            .iter()
+            .map(|(name, pool)| {
+                let state = pool.state();
+                let (used, remaining) = match state {
+                    QuotaState::NoSnapshot => (None, None),
+                    QuotaState::Exhausted { used, .. } => (Some(used), Some(0)),
+                    QuotaState::Available { used, limit } => (Some(used), Some(limit - used)),
+                };
+                (
+                    name.clone(),
+                    json!({
+                        "limit": pool.effective_limit(),
+                        "declared_limit": pool.limit,
+                        "snapshot": pool.snapshot.map(|s| json!({
+                            "used": s.used, "limit": s.limit, "at_ms": s.at_ms,
+                        })),
+                        "snapshot_stale": pool.snapshot
+                            .map(|s| now.saturating_sub(s.at_ms) > stale_after_ms),
+                        "local_since_snapshot": pool.since_snapshot(),
+                        "used_estimate": used,
+                        "remaining": remaining,
+                        "state": match state {
+                            QuotaState::NoSnapshot => "no_snapshot",
+                            QuotaState::Exhausted { .. } => "exhausted",
+                            QuotaState::Available { .. } => "available",
+                        },
+                    }),
+                )
+            })
+            .collect();
+        let concurrency: serde_json::Map<String, Value> = self
+            .concurrency
+            .pools()
+            .into_iter()
+            .map(|(name, limit, in_flight)| {
+                (name, json!({ "limit": limit, "in_flight": in_flight }))
+            })
+            .collect();
+        let bounds = self.envelope.last_bounds();
+        let buckets: serde_json::Map<String, Value> = self
+            .output
+            .buckets(&self.model)
+            .map(|(b, s)| {
+                (
+                    b.to_string(),
+                    json!({ "samples": s.count, "mean": s.mean() }),
+                )
+            })
+            .collect();
+        let model_stat = self.output.model(&self.model);
+        let c = self.counters;
+        json!({
+            "strategy": "routewise",
+            "model": self.model,
+            "now_ms": now,
+            "budget_alpha": self.params.budget_alpha,
+            "fallback_mode": self.params.fallback_mode,
+            "last_decision": self.last_decision_json(),
+            "envelope": {
+                "pool": self.model,
+                "calibrated": bounds.calibrated,
+                "samples": bounds.samples,
+                "min_samples": self.params.envelope_min_samples,
+                "lower": bounds.lower,
+                "upper": bounds.upper,
+                "lower_fixed": bounds.lower_fixed,
+                "window_hours": self.params.envelope_window_hours,
+            },
+            "latency": latency,
+            "quota": quota,
+            "concurrency": concurrency,
+            "output": {
+                "model_samples": model_stat.count,
+                "model_mean": model_stat.mean(),
+                "global_samples": self.output.global().count,
+                "buckets_log2": buckets,
+            },
+            "routes": routes,
+            "host_side": {
+                "stateful_providers_single_worker_only":
+                    self.params.stateful_providers_single_worker_only,
+                "latency_hedge_mode": self.params.latency_hedge_mode,
+                "latency_slo_sec": self.params.latency_slo_sec,
+                "routewise_probe_enabled": self.params.routewise_probe_enabled,
+                "db_bootstrap_enabled": self.params.db_bootstrap_enabled,
+            },
+            "counters": {
+                "decisions": c.decisions,
+                "explorations": c.explorations,
+                "no_feasible_candidates": c.no_feasible,
+                "cheapest_fallback": c.cheapest_fallback,
+                "observations": c.observations,
+                "foreign_observations": c.foreign_observations,
+                "slots_held": self.concurrency.held(),
+                "slots_released": c.slots_released,
+                "slots_expired": c.slots_expired,
+                "leases_expired": c.leases_expired,
+            },
+        })
+        .to_string()
+    }
+
+    fn tick(&mut self, now_ms: u64) {
+        self.expire(now_ms);
+        let window = self.window_ms();
+        let known: Vec<&String> = self.routes.values().map(|r| &r.endpoint_id).collect();
+        self.latency.retain(|endpoint, profile| {
+            profile.trim(now_ms, window);
+            !profile.is_empty() || known.contains(&endpoint)
+        });
+        let settings = self.envelope_settings();
+        self.envelope.bounds(now_ms, settings);
+        self.quotas.trim();
+    }
+}
+
+switchyard_sdk::export_strategy!(RouteWise);

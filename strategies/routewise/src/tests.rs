@@ -1,0 +1,721 @@
+//! Strategy-level tests: the public `Strategy` calls, checked through decisions and `status()`.
+
+use serde_json::Value;
+use switchyard_sdk::{
+    Candidate, Observation, Pricing, Request, Rng, Route, Strategy, parse_params,
+};
+
+use crate::{DecisionTag, EXPLORATION_LEASE_MS, RouteWise};
+
+const M: &str = "m";
+
+fn route(index: u32, pricing: Option<(f64, f64)>, metadata: &str) -> Route {
+    Route {
+        endpoint_id: format!("m:ep{index}"),
+        pricing: pricing.map(|(prompt, completion)| Pricing {
+            prompt,
+            completion,
+            input_cache_reads: prompt / 10.0,
+            input_cache_writes: prompt,
+        }),
+        metadata_json: metadata.to_owned(),
+        ..Route::new(index, 1.0)
+    }
+}
+
+fn router(params: &str, routes: &[Route]) -> Result<RouteWise, String> {
+    let mut rw = RouteWise::create(M, parse_params(params)?)?;
+    rw.refresh_route_table(routes);
+    Ok(rw)
+}
+
+fn request(seed: u64, now_ms: u64, prompt_tokens: u32) -> Request {
+    Request {
+        prompt_tokens,
+        now_ms,
+        ..Request::with_seed(seed)
+    }
+}
+
+fn candidates(indexes: &[u32]) -> Vec<Candidate> {
+    indexes.iter().map(|&i| Candidate::new(i, 1.0)).collect()
+}
+
+fn observation(
+    index: u32,
+    success: bool,
+    ttft_ms: f64,
+    now_ms: u64,
+    metadata: &str,
+) -> Observation {
+    Observation {
+        index,
+        success,
+        ttft_ms: Some(ttft_ms),
+        latency_ms: ttft_ms * 2.0,
+        prompt_tokens: 1_000,
+        completion_tokens: 100,
+        cached_prompt_tokens: 0,
+        status: if success { 200 } else { 500 },
+        strategy_metadata: metadata.to_owned(),
+        now_ms,
+    }
+}
+
+fn status(rw: &RouteWise) -> Value {
+    serde_json::from_str(&rw.status()).unwrap_or(Value::Null)
+}
+
+fn select(rw: &mut RouteWise, seed: u64, now: u64, indexes: &[u32]) -> (Vec<u32>, DecisionTag) {
+    let decision = rw
+        .select(&request(seed, now, 1_000), &candidates(indexes))
+        .expect("select");
+    let tag = DecisionTag::parse(&decision.strategy_metadata).expect("tag");
+    (decision.order, tag)
+}
+
+/// Two on-demand routes: cost 1 USD (prompt 1 000 USD/M × 1 000 tokens) at 10 s, cost 3 USD at 1 s.
+fn two_route_router(params: &str) -> Result<RouteWise, String> {
+    let mut rw = router(
+        params,
+        &[
+            route(0, Some((1_000.0, 0.0)), "{}"),
+            route(1, Some((3_000.0, 0.0)), "{}"),
+        ],
+    )?;
+    rw.observe(&observation(0, true, 10_000.0, 0, ""));
+    rw.observe(&observation(1, true, 1_000.0, 0, ""));
+    Ok(rw)
+}
+
+#[test]
+fn info_names_the_strategy() {
+    assert_eq!(RouteWise::info().name, "routewise");
+}
+
+#[test]
+fn hand_solved_mixture_through_the_strategy() -> Result<(), String> {
+    let mut rw = two_route_router(r#"{"budget_alpha": 0.5}"#)?;
+    let mut first = [0u32; 2];
+    for seed in 0..4_000 {
+        let (order, tag) = select(&mut rw, seed, 1, &[0, 1]);
+        assert_eq!(order.len(), 2);
+        assert_eq!(tag.primary, order[0]);
+        first[order[0] as usize] += 1;
+    }
+    let share = f64::from(first[0]) / 4_000.0;
+    assert!((share - 0.5).abs() < 0.03, "{first:?}");
+    let s = status(&rw);
+    let last = &s["last_decision"];
+    assert_eq!(last["lp_status"], "optimal");
+    assert!((last["budget"].as_f64().unwrap_or(0.0) - 2.0).abs() < 1e-9);
+    assert!((last["mixture"]["m:ep0"].as_f64().unwrap_or(0.0) - 0.5).abs() < 1e-9);
+    assert!((last["mixture"]["m:ep1"].as_f64().unwrap_or(0.0) - 0.5).abs() < 1e-9);
+    assert!((last["expected_cost"].as_f64().unwrap_or(0.0) - 2.0).abs() < 1e-9);
+    Ok(())
+}
+
+#[test]
+fn predicted_output_prices_the_completion() -> Result<(), String> {
+    // Completion-only pricing: 512 default tokens × 2 USD/M.
+    let mut rw = router(r#"{}"#, &[route(0, Some((0.0, 2.0)), "{}")])?;
+    let (_, tag) = select(&mut rw, 1, 1, &[0]);
+    assert!((tag.predicted_cost - 512.0 * 2.0 / 1e6).abs() < 1e-15);
+    // max_tokens caps the prediction.
+    let decision = rw.select(
+        &Request {
+            max_tokens: Some(10),
+            ..request(2, 2, 1_000)
+        },
+        &candidates(&[0]),
+    )?;
+    let tag = DecisionTag::parse(&decision.strategy_metadata).ok_or("tag")?;
+    assert!((tag.predicted_cost - 10.0 * 2.0 / 1e6).abs() < 1e-15);
+    assert_eq!(status(&rw)["last_decision"]["lp_status"], "single_provider");
+    // Three observations of 100 completion tokens at 1 000 prompt tokens: the bucket mean wins.
+    for i in 0..3 {
+        rw.observe(&observation(0, true, 500.0, 3 + i, ""));
+    }
+    select(&mut rw, 3, 10, &[0]);
+    let s = status(&rw);
+    assert_eq!(s["last_decision"]["predicted_output_tokens"], 100);
+    assert_eq!(s["last_decision"]["output_source"], "bucket");
+    Ok(())
+}
+
+#[test]
+fn prefix_cache_adjustment_uses_the_uncached_estimate() -> Result<(), String> {
+    let routes = [route(0, Some((1.0, 0.0)), "{}")];
+    let mut warm = Candidate::new(0, 1.0);
+    warm.uncached_prompt_tokens = 200;
+    for (params, expected) in [
+        ("{}", 1_000.0 / 1e6),
+        (
+            r#"{"prefix_cache_cost_adjustment_enabled": true}"#,
+            (200.0 + 800.0 * 0.1) / 1e6,
+        ),
+    ] {
+        let mut rw = router(params, &routes)?;
+        let decision = rw.select(&request(1, 1, 1_000), std::slice::from_ref(&warm))?;
+        let tag = DecisionTag::parse(&decision.strategy_metadata).ok_or("tag")?;
+        assert!((tag.predicted_cost - expected).abs() < 1e-15, "{params}");
+    }
+    Ok(())
+}
+
+#[test]
+fn unpriced_routes_cost_nothing_and_say_so() -> Result<(), String> {
+    let mut rw = router(
+        "{}",
+        &[route(0, None, "{}"), route(1, Some((1.0, 1.0)), "{}")],
+    )?;
+    rw.observe(&observation(0, true, 800.0, 0, ""));
+    rw.observe(&observation(1, true, 800.0, 0, ""));
+    let (order, _) = select(&mut rw, 1, 1, &[0, 1]);
+    assert_eq!(order, vec![0, 1]);
+    let s = status(&rw);
+    let candidates = s["last_decision"]["candidates"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(candidates[0]["unpriced"], true);
+    assert_eq!(candidates[0]["cost"], 0.0);
+    assert_eq!(candidates[1]["unpriced"], false);
+    Ok(())
+}
+
+#[test]
+fn failures_count_as_sixty_seconds_and_the_window_forgets() -> Result<(), String> {
+    let mut rw = router("{}", &[route(0, Some((1.0, 1.0)), "{}")])?;
+    rw.observe(&observation(0, true, 1_000.0, 0, ""));
+    rw.observe(&observation(0, false, 5.0, 1_000, ""));
+    let s = status(&rw);
+    assert_eq!(s["latency"]["m:ep0"]["samples"], 2);
+    assert_eq!(s["latency"]["m:ep0"]["mean_ttft_ms"], 30_500.0);
+    assert_eq!(s["latency"]["m:ep0"]["slo_share"], 0.5);
+    // 900 s after the first sample only the failure is left; after the second, nothing.
+    rw.tick(900_001);
+    assert_eq!(status(&rw)["latency"]["m:ep0"]["estimate_ms"], 60_000.0);
+    rw.tick(901_001);
+    let s = status(&rw);
+    assert_eq!(s["latency"]["m:ep0"]["samples"], 0);
+    assert_eq!(s["latency"]["m:ep0"]["estimate_ms"], 5_000.0);
+    // A success without TTFT falls back to total latency.
+    let mut obs = observation(0, true, 0.0, 901_002, "");
+    obs.ttft_ms = None;
+    obs.latency_ms = 1_234.0;
+    rw.observe(&obs);
+    assert_eq!(status(&rw)["latency"]["m:ep0"]["mean_ttft_ms"], 1_234.0);
+    Ok(())
+}
+
+#[test]
+fn sample_cap_per_profile() -> Result<(), String> {
+    let mut rw = router(
+        r#"{"latency_max_samples_per_profile": 3}"#,
+        &[route(0, Some((1.0, 1.0)), "{}")],
+    )?;
+    for (i, ttft) in [100.0, 200.0, 300.0, 400.0, 500.0].into_iter().enumerate() {
+        rw.observe(&observation(0, true, ttft, i as u64, ""));
+    }
+    let s = status(&rw);
+    assert_eq!(s["latency"]["m:ep0"]["samples"], 3);
+    assert_eq!(s["latency"]["m:ep0"]["mean_ttft_ms"], 400.0);
+    Ok(())
+}
+
+#[test]
+fn an_unprofiled_endpoint_is_explored_by_exactly_one_request_per_lease() -> Result<(), String> {
+    // ep0 is fast, cheap and profiled; ep1 (dear) and ep2 (dearer) have no samples.
+    let mut rw = router(
+        r#"{"budget_alpha": 0.0}"#,
+        &[
+            route(0, Some((1.0, 0.0)), "{}"),
+            route(1, Some((2.0, 0.0)), "{}"),
+            route(2, Some((3.0, 0.0)), "{}"),
+        ],
+    )?;
+    rw.observe(&observation(0, true, 100.0, 0, ""));
+    let mut explored = Vec::new();
+    for seed in 0..50 {
+        let (order, tag) = select(&mut rw, seed, 10, &[0, 1, 2]);
+        if tag.explore {
+            explored.push(order[0]);
+        } else {
+            assert_eq!(order[0], 0, "seed {seed}");
+        }
+    }
+    // The cheaper unprofiled endpoint first, then the other; each exactly once.
+    assert_eq!(explored, vec![1, 2]);
+    let s = status(&rw);
+    assert_eq!(s["counters"]["explorations"], 2);
+    assert_eq!(
+        s["latency"]["m:ep1"]["exploration_lease_until_ms"],
+        10 + EXPLORATION_LEASE_MS
+    );
+    // ep1 reports; ep2's observation is lost: after the lease ep2 alone is explored again.
+    rw.observe(&observation(1, true, 700.0, 20, ""));
+    let (order, tag) = select(&mut rw, 99, 10 + EXPLORATION_LEASE_MS, &[0, 1, 2]);
+    assert!(tag.explore);
+    assert_eq!(order[0], 2);
+    let (order, tag) = select(&mut rw, 100, 11 + EXPLORATION_LEASE_MS, &[0, 1, 2]);
+    assert!(!tag.explore);
+    assert_eq!(order[0], 0);
+    Ok(())
+}
+
+#[test]
+fn fallback_order_mixture_first_then_within_budget_by_latency() -> Result<(), String> {
+    // Costs 1, 2, 3, 4 USD; TTFT 4, 3, 2, 1 s. α 1/3 → B = 2: the optimum is pure ep1 (cost 2,
+    // 3 s), beating mixtures of ep0 with ep2 or ep3 on the budget line.
+    let routes: Vec<Route> = (0..4)
+        .map(|i| route(i, Some((1_000.0 * f64::from(i + 1), 0.0)), "{}"))
+        .collect();
+    let mut rw = router(r#"{"budget_alpha": 0.3333333333333333}"#, &routes)?;
+    for i in 0..4u32 {
+        rw.observe(&observation(i, true, 1_000.0 * f64::from(4 - i), 0, ""));
+    }
+    let (order, _) = select(&mut rw, 5, 1, &[3, 2, 1, 0]);
+    // Mass: ep1; then within budget: ep0; then over budget by latency: ep3 (1 s), ep2 (2 s).
+    assert_eq!(order, vec![1, 0, 3, 2]);
+    Ok(())
+}
+
+#[test]
+fn strict_mode_returns_only_the_primary() -> Result<(), String> {
+    let mut rw = two_route_router(r#"{"budget_alpha": 0.5, "fallback_mode": "strict"}"#)?;
+    for seed in 0..100 {
+        let (order, tag) = select(&mut rw, seed, 1, &[0, 1]);
+        assert_eq!(order.len(), 1);
+        assert_eq!(order[0], tag.primary);
+    }
+    Ok(())
+}
+
+#[test]
+fn no_candidates_and_all_excluded() -> Result<(), String> {
+    let mut rw = router(
+        "{}",
+        &[route(
+            0,
+            None,
+            r#"{"provider_type":"quota","quota":{"limit":5}}"#,
+        )],
+    )?;
+    let decision = rw.select(&request(1, 1, 10), &[])?;
+    assert!(decision.order.is_empty());
+    assert_eq!(
+        status(&rw)["last_decision"]["lp_status"],
+        "no_feasible_candidates"
+    );
+    // The only candidate is an excluded quota route (no snapshot): it is still returned, as a last
+    // resort, so the model keeps answering.
+    let (order, tag) = select(&mut rw, 1, 2, &[0]);
+    assert_eq!(order, vec![0]);
+    assert!(!tag.explore && !tag.slot);
+    let s = status(&rw);
+    assert_eq!(s["last_decision"]["lp_status"], "no_feasible_candidates");
+    assert_eq!(
+        s["last_decision"]["candidates"][0]["excluded"],
+        "quota_no_snapshot"
+    );
+    // An index missing from the route table is excluded too.
+    let (order, _) = select(&mut rw, 1, 3, &[7]);
+    assert_eq!(order, vec![7]);
+    assert_eq!(
+        status(&rw)["last_decision"]["candidates"][0]["excluded"],
+        "unknown_route"
+    );
+    Ok(())
+}
+
+#[test]
+fn invalid_metadata_excludes_the_route() -> Result<(), String> {
+    let mut rw = router(
+        "{}",
+        &[
+            route(0, Some((1.0, 1.0)), r#"{"provider_type":"spot"}"#),
+            route(1, Some((9.0, 9.0)), "{}"),
+        ],
+    )?;
+    let (order, _) = select(&mut rw, 1, 1, &[0, 1]);
+    assert_eq!(order, vec![1, 0]);
+    let s = status(&rw);
+    assert!(
+        s["routes"][0]["metadata_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("spot"))
+    );
+    Ok(())
+}
+
+const CONCURRENCY: &str = r#"{"provider_type":"concurrency","concurrency":{"limit":1}}"#;
+
+#[test]
+fn concurrency_slot_acquire_release_and_expiry() -> Result<(), String> {
+    let mut rw = router(
+        "{}",
+        &[
+            route(0, Some((1.0, 1.0)), "{}"),
+            route(1, None, CONCURRENCY),
+        ],
+    )?;
+    rw.observe(&observation(0, true, 2_000.0, 0, ""));
+    rw.observe(&observation(1, true, 500.0, 0, ""));
+    // Free, fast and cheap: the concurrency route takes the slot.
+    let (order, first) = select(&mut rw, 1, 10, &[0, 1]);
+    assert_eq!(order, vec![1, 0]);
+    assert!(first.slot);
+    assert_eq!(status(&rw)["concurrency"]["m:m:ep1"]["in_flight"], 1);
+    // Full: excluded, but still the last resort.
+    let (order, second) = select(&mut rw, 2, 11, &[0, 1]);
+    assert_eq!(order, vec![0, 1]);
+    assert!(!second.slot);
+    assert_eq!(
+        status(&rw)["last_decision"]["candidates"][1]["excluded"],
+        "concurrency_full"
+    );
+    // The second request's observation releases nothing; the first's frees the slot.
+    rw.observe(&observation(0, true, 2_000.0, 12, &second.encode()));
+    assert_eq!(status(&rw)["concurrency"]["m:m:ep1"]["in_flight"], 1);
+    rw.observe(&observation(1, true, 500.0, 13, &first.encode()));
+    assert_eq!(status(&rw)["concurrency"]["m:m:ep1"]["in_flight"], 0);
+    // A lost observation: the slot expires after the timeout (through `tick` or `select`).
+    let (_, third) = select(&mut rw, 3, 20, &[0, 1]);
+    assert!(third.slot);
+    rw.tick(20 + crate::CONCURRENCY_ACQUIRE_TIMEOUT_MS - 1);
+    assert_eq!(status(&rw)["concurrency"]["m:m:ep1"]["in_flight"], 1);
+    rw.tick(20 + crate::CONCURRENCY_ACQUIRE_TIMEOUT_MS);
+    let s = status(&rw);
+    assert_eq!(s["concurrency"]["m:m:ep1"]["in_flight"], 0);
+    assert_eq!(s["counters"]["slots_expired"], 1);
+    // A re-created router ignores its predecessor's metadata.
+    let mut other = router("{}", &[route(1, None, CONCURRENCY)])?;
+    let (_, tag) = select(&mut other, 77, 30, &[1]);
+    let foreign = DecisionTag {
+        epoch: tag.epoch ^ 1,
+        ..tag.clone()
+    };
+    other.observe(&observation(1, true, 500.0, 31, &foreign.encode()));
+    assert_eq!(status(&other)["concurrency"]["m:m:ep1"]["in_flight"], 1);
+    Ok(())
+}
+
+#[test]
+fn concurrency_pools_are_shared() -> Result<(), String> {
+    let shared =
+        r#"{"provider_type":"concurrency","concurrency":{"limit":1},"concurrency_pool":"box"}"#;
+    let mut rw = router("{}", &[route(0, None, shared), route(1, None, shared)])?;
+    rw.observe(&observation(0, true, 100.0, 0, ""));
+    rw.observe(&observation(1, true, 100.0, 0, ""));
+    let (_, tag) = select(&mut rw, 1, 1, &[0, 1]);
+    assert!(tag.slot);
+    let s = {
+        select(&mut rw, 2, 2, &[0, 1]);
+        status(&rw)
+    };
+    assert_eq!(s["last_decision"]["lp_status"], "no_feasible_candidates");
+    assert_eq!(s["concurrency"]["box"]["in_flight"], 1);
+    Ok(())
+}
+
+fn quota_meta(limit: u64, snapshot: Option<(u64, u64)>) -> String {
+    match snapshot {
+        Some((used, at_ms)) => format!(
+            r#"{{"provider_type":"quota","quota":{{"limit":{limit}}},
+               "quota_snapshot":{{"used":{used},"limit":{limit},"at_ms":{at_ms}}}}}"#
+        ),
+        None => format!(r#"{{"provider_type":"quota","quota":{{"limit":{limit}}}}}"#),
+    }
+}
+
+/// An on-demand route (ep0, 1 USD/M prompt and completion) and a quota route (ep1), both profiled,
+/// the quota route faster; the envelope calibrated with `samples` successes.
+fn quota_router(params: &str, quota: &str, samples: u32) -> Result<RouteWise, String> {
+    let mut rw = router(
+        params,
+        &[route(0, Some((1.0, 1.0)), "{}"), route(1, None, quota)],
+    )?;
+    rw.observe(&observation(0, true, 3_000.0, 0, ""));
+    rw.observe(&observation(1, true, 500.0, 0, ""));
+    for i in 0..samples {
+        let mut obs = observation(0, true, 3_000.0, 1, "");
+        obs.prompt_tokens = 1_000 * (i + 1);
+        obs.completion_tokens = 0;
+        rw.observe(&obs);
+    }
+    Ok(rw)
+}
+
+#[test]
+fn quota_is_excluded_until_calibrated_and_snapshotted() -> Result<(), String> {
+    let params = r#"{"envelope_min_samples": 5, "budget_alpha": 1.0}"#;
+    // Envelope samples so far: 2 (the profiling observations) + 2 = 4 < 5.
+    let mut rw = quota_router(params, &quota_meta(10, Some((0, 0))), 2)?;
+    select(&mut rw, 1, 10, &[0, 1]);
+    let s = status(&rw);
+    assert_eq!(
+        s["last_decision"]["candidates"][1]["excluded"],
+        "quota_envelope_uncalibrated"
+    );
+    assert_eq!(s["envelope"]["calibrated"], false);
+
+    // Calibrated but no snapshot yet.
+    let mut rw = quota_router(params, &quota_meta(10, None), 3)?;
+    select(&mut rw, 1, 10, &[0, 1]);
+    let s = status(&rw);
+    assert_eq!(s["envelope"]["calibrated"], true);
+    assert_eq!(
+        s["last_decision"]["candidates"][1]["excluded"],
+        "quota_no_snapshot"
+    );
+    assert_eq!(s["quota"]["m:m:ep1"]["state"], "no_snapshot");
+
+    // The host's snapshot arrives: 5 of 10 used → z = 0.5, cost = sqrt(L·U).
+    rw.refresh_route_table(&[
+        route(0, Some((1.0, 1.0)), "{}"),
+        route(1, None, &quota_meta(10, Some((5, 5)))),
+    ]);
+    let (order, tag) = select(&mut rw, 1, 20, &[0, 1]);
+    assert_eq!(order[0], 1);
+    let s = status(&rw);
+    let (lower, upper) = (
+        s["envelope"]["lower"].as_f64().unwrap_or(0.0),
+        s["envelope"]["upper"].as_f64().unwrap_or(0.0),
+    );
+    assert!(lower > 0.0 && upper > lower);
+    let expected = lower * (upper / lower).powf(0.5);
+    assert!(
+        (tag.predicted_cost - expected).abs() < 1e-15,
+        "{tag:?} vs {expected}"
+    );
+    // That pick counted locally: 6 used. Four more exhaust it.
+    for seed in 0..4 {
+        let (order, _) = select(&mut rw, seed, 30 + seed, &[0, 1]);
+        assert_eq!(order[0], 1);
+    }
+    let (order, _) = select(&mut rw, 9, 40, &[0, 1]);
+    assert_eq!(order, vec![0, 1]);
+    let s = status(&rw);
+    assert_eq!(
+        s["last_decision"]["candidates"][1]["excluded"],
+        "quota_exhausted"
+    );
+    assert_eq!(s["quota"]["m:m:ep1"]["used_estimate"], 10);
+    assert_eq!(s["quota"]["m:m:ep1"]["remaining"], 0);
+    Ok(())
+}
+
+#[test]
+fn envelope_samples_fall_back_to_the_reference_price_and_fix_lower() -> Result<(), String> {
+    // Only a quota route: samples are reference price × tokens; all equal → L ≥ U → L = U·1e-3.
+    let mut rw = router(
+        r#"{"envelope_min_samples": 3, "reference_api_price": 2.0}"#,
+        &[route(0, None, &quota_meta(100, Some((0, 0))))],
+    )?;
+    for i in 0..3 {
+        rw.observe(&observation(0, true, 500.0, i, ""));
+    }
+    select(&mut rw, 1, 10, &[0]);
+    let s = status(&rw);
+    let upper = 2.0 * 1_100.0 / 1e6;
+    assert_eq!(s["envelope"]["calibrated"], true);
+    assert!((s["envelope"]["upper"].as_f64().unwrap_or(0.0) - upper).abs() < 1e-15);
+    assert!((s["envelope"]["lower"].as_f64().unwrap_or(0.0) - upper * 1e-3).abs() < 1e-18);
+    assert_eq!(s["envelope"]["lower_fixed"], true);
+    assert_eq!(s["last_decision"]["lp_status"], "single_provider");
+    Ok(())
+}
+
+#[test]
+fn removed_params_are_rejected_naming_the_replacement() {
+    for (json, replacement) in [
+        (r#"{"daily_quota": 500}"#, "route[].quota.limit"),
+        (r#"{"concurrency_limit": 2}"#, "route[].concurrency.limit"),
+    ] {
+        let error = parse_params(json)
+            .and_then(|p| RouteWise::create(M, p))
+            .err()
+            .unwrap_or_default();
+        assert!(error.contains(replacement), "{error}");
+    }
+}
+
+#[test]
+fn deterministic_for_equal_inputs_and_seed() -> Result<(), String> {
+    let run = |params: &str| -> Result<Vec<(Vec<u32>, String)>, String> {
+        let mut rw = two_route_router(params)?;
+        let mut out = Vec::new();
+        for seed in 0..200 {
+            let d = rw.select(&request(seed, 100 + seed, 900), &candidates(&[1, 0]))?;
+            out.push((d.order, d.strategy_metadata));
+        }
+        Ok(out)
+    };
+    assert_eq!(
+        run(r#"{"budget_alpha": 0.5}"#)?,
+        run(r#"{"budget_alpha": 0.5}"#)?
+    );
+    // random_seed changes the draws, deterministically.
+    let xored = run(r#"{"budget_alpha": 0.5, "random_seed": 12345}"#)?;
+    assert_eq!(
+        xored,
+        run(r#"{"budget_alpha": 0.5, "random_seed": 12345}"#)?
+    );
+    assert_ne!(xored, run(r#"{"budget_alpha": 0.5}"#)?);
+    Ok(())
+}
+
+#[test]
+fn tags_round_trip_and_reject_foreign_text() {
+    let tag = DecisionTag {
+        epoch: 0xdead_beef,
+        seq: 42,
+        primary: 3,
+        predicted_cost: 3.5e-4,
+        explore: true,
+        slot: true,
+    };
+    assert_eq!(tag.encode(), "rw1:deadbeef-42:3:3.5e-4:ec");
+    assert_eq!(DecisionTag::parse(&tag.encode()), Some(tag));
+    for text in [
+        "",
+        "rw1",
+        "rw2:00000001-1:0:0e0:-",
+        "rw1:zz-1:0:0e0:-",
+        "rw1:1-1:0:0e0:-:x",
+    ] {
+        assert_eq!(DecisionTag::parse(text), None, "{text}");
+    }
+}
+
+#[test]
+fn status_shape() -> Result<(), String> {
+    let mut rw = two_route_router("{}")?;
+    select(&mut rw, 1, 1, &[0, 1]);
+    let s = status(&rw);
+    for key in [
+        "strategy",
+        "model",
+        "budget_alpha",
+        "last_decision",
+        "envelope",
+        "latency",
+        "quota",
+        "concurrency",
+        "output",
+        "routes",
+        "host_side",
+        "counters",
+    ] {
+        assert!(!s[key].is_null(), "{key} missing");
+    }
+    assert_eq!(s["strategy"], "routewise");
+    assert_eq!(s["fallback_mode"], "policy");
+    Ok(())
+}
+
+/// Random route tables, candidate subsets, observations and params: every decision is a valid
+/// order (a permutation of the candidates in policy mode, one of them in strict mode), the
+/// mixture is a distribution with at most two routes within budget, the primary has mass unless
+/// it was explored or nothing was feasible.
+#[test]
+fn property_random_routers() -> Result<(), String> {
+    let mut rng = Rng::new(0xfeed);
+    for case in 0..300 {
+        let n = 1 + rng.below(6) as u32;
+        let routes: Vec<Route> = (0..n)
+            .map(|i| match rng.below(5) {
+                0 => route(i, None, "{}"),
+                1 => route(i, None, CONCURRENCY),
+                2 => route(
+                    i,
+                    None,
+                    &quota_meta(5 + rng.below(5), Some((rng.below(6), 0))),
+                ),
+                _ => route(
+                    i,
+                    Some((rng.next_f64() * 10.0, rng.next_f64() * 30.0)),
+                    "{}",
+                ),
+            })
+            .collect();
+        let strict = rng.below(4) == 0;
+        let params = format!(
+            r#"{{"budget_alpha": {}, "envelope_min_samples": 3, "fallback_mode": "{}"}}"#,
+            rng.next_f64(),
+            if strict { "strict" } else { "policy" }
+        );
+        let mut rw = router(&params, &routes)?;
+        let mut now = 0;
+        for step in 0..30 {
+            now += rng.below(120_000);
+            let mut indexes: Vec<u32> = (0..n).filter(|_| rng.below(4) != 0).collect();
+            if indexes.is_empty() {
+                indexes.push(rng.below(u64::from(n)) as u32);
+            }
+            let d = rw.select(
+                &Request {
+                    max_tokens: (rng.below(2) == 0).then(|| rng.below(2_000) as u32),
+                    ..request(rng.next_u64(), now, rng.below(20_000) as u32)
+                },
+                &candidates(&indexes),
+            )?;
+            let mut sorted = d.order.clone();
+            sorted.sort_unstable();
+            if strict {
+                assert_eq!(d.order.len(), 1, "case {case} step {step}");
+                assert!(indexes.contains(&d.order[0]));
+            } else {
+                assert_eq!(sorted, indexes, "case {case} step {step}");
+            }
+            let s = status(&rw);
+            let last = &s["last_decision"];
+            let weights: Vec<f64> = last["candidates"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .iter()
+                .filter_map(|c| c["weight"].as_f64())
+                .collect();
+            if !weights.is_empty() {
+                let sum: f64 = weights.iter().sum();
+                assert!(
+                    (sum - 1.0).abs() < 1e-9,
+                    "case {case} step {step}: {weights:?}"
+                );
+                assert!(weights.iter().filter(|w| **w > 0.0).count() <= 2);
+                let expected = last["expected_cost"].as_f64().unwrap_or(f64::NAN);
+                let budget = last["budget"].as_f64().unwrap_or(f64::NAN);
+                assert!(expected <= budget + 1e-9, "case {case} step {step}");
+                let primary = last["primary"].as_u64();
+                let explored = !last["explored"].is_null();
+                let primary_weight = last["candidates"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+                    .iter()
+                    .find(|c| c["index"].as_u64() == primary)
+                    .and_then(|c| c["weight"].as_f64())
+                    .unwrap_or(0.0);
+                assert!(explored || primary_weight > 0.0, "case {case} step {step}");
+            }
+            // Observe the primary (sometimes lost, sometimes failed).
+            if rng.below(5) != 0 {
+                let success = rng.below(4) != 0;
+                let ttft = 100.0 + rng.next_f64() * 8_000.0;
+                rw.observe(&observation(
+                    d.order[0],
+                    success,
+                    ttft,
+                    now + ttft as u64,
+                    &d.strategy_metadata,
+                ));
+            }
+            if rng.below(3) == 0 {
+                rw.tick(now);
+            }
+        }
+    }
+    Ok(())
+}
