@@ -58,6 +58,60 @@ pub struct DispatchError {
     pub excluded: Vec<Exclusion>,
 }
 
+impl FailedAttempt {
+    fn new(route: &RouteConfig, e: &AttemptError) -> Self {
+        Self {
+            provider: route.kind.as_str().to_owned(),
+            endpoint_id: route.endpoint_id.clone(),
+            error_type: e.error_type(),
+            error: e.to_string(),
+            status: e.status(),
+        }
+    }
+}
+
+impl Attribution {
+    /// Served by `route` after the `failed` attempts.
+    fn new(route: &RouteConfig, failed: Vec<FailedAttempt>) -> Self {
+        Self {
+            provider: route.kind.as_str().to_owned(),
+            base_url: route.base_url.clone(),
+            endpoint_id: route.endpoint_id.clone(),
+            fell_back: !failed.is_empty(),
+            failed_attempts: failed,
+        }
+    }
+}
+
+/// Every step consults the breaker, so a circuit that opened since selection is skipped here too
+/// (and recorded as excluded); a pinned request goes where the operator said.
+fn admit(
+    ctx: &RoutingContext,
+    route: &RouteConfig,
+    plan: &Plan,
+    excluded: &mut Vec<Exclusion>,
+) -> Option<Ticket> {
+    if plan.pinned {
+        return Some(Ticket::Normal);
+    }
+    let ticket = ctx.health.claim(&route.endpoint_id, Instant::now());
+    if ticket.is_none() {
+        excluded.push(Exclusion {
+            endpoint_id: route.endpoint_id.clone(),
+            reason: "circuit open".into(),
+        });
+    }
+    ticket
+}
+
+/// What a failed attempt says about the endpoint's health.
+fn outcome_of(e: &AttemptError) -> Outcome {
+    match e {
+        AttemptError::Status { status, .. } => Outcome::from_status(*status),
+        _ => Outcome::Failure,
+    }
+}
+
 impl DispatchError {
     /// The primary (first) attempt's error decides the client's status.
     pub fn primary(&self) -> Option<&FailedAttempt> {
@@ -175,21 +229,8 @@ pub async fn chat(
         let Some(route) = routes.get(position) else {
             continue;
         };
-        // Every step consults the breaker, so a circuit that opened since selection is skipped
-        // here too; a pinned request goes where the operator said.
-        let ticket = if plan.pinned {
-            Ticket::Normal
-        } else {
-            match health.claim(&route.endpoint_id, Instant::now()) {
-                Some(ticket) => ticket,
-                None => {
-                    excluded.push(Exclusion {
-                        endpoint_id: route.endpoint_id.clone(),
-                        reason: "circuit open".into(),
-                    });
-                    continue;
-                }
-            }
+        let Some(ticket) = admit(ctx, route, &plan, &mut excluded) else {
+            continue;
         };
         let started = Instant::now();
         // The lease is released at the first token, or wherever this attempt ends (drop).
@@ -257,13 +298,7 @@ pub async fn chat(
                         ),
                     );
                 }
-                let attribution = Attribution {
-                    provider: route.kind.as_str().to_owned(),
-                    base_url: route.base_url.clone(),
-                    endpoint_id: route.endpoint_id.clone(),
-                    fell_back: !failed.is_empty(),
-                    failed_attempts: failed,
-                };
+                let attribution = Attribution::new(route, failed);
                 return Ok(match answer {
                     Partial::Complete { body, usage } => Answer::Complete {
                         body,
@@ -279,11 +314,12 @@ pub async fn chat(
                 });
             }
             Err(e) => {
-                let outcome = match &e {
-                    AttemptError::Status { status, .. } => Outcome::from_status(*status),
-                    _ => Outcome::Failure,
-                };
-                health.record(&route.endpoint_id, ticket, outcome, Some(&e.to_string()));
+                health.record(
+                    &route.endpoint_id,
+                    ticket,
+                    outcome_of(&e),
+                    Some(&e.to_string()),
+                );
                 // An error from the affinity endpoint drops the pin; the next request re-pins.
                 if let Some(c) = &caller {
                     ctx.affinity.drop_if(c, model.id(), &route.endpoint_id);
@@ -302,13 +338,7 @@ pub async fn chat(
                     ),
                 );
                 tracing::debug!(endpoint = %route.endpoint_id, "attempt failed: {e}");
-                failed.push(FailedAttempt {
-                    provider: route.kind.as_str().to_owned(),
-                    endpoint_id: route.endpoint_id.clone(),
-                    error_type: e.error_type(),
-                    error: e.to_string(),
-                    status: e.status(),
-                });
+                failed.push(FailedAttempt::new(route, &e));
             }
         }
     }
@@ -333,19 +363,8 @@ pub async fn embeddings(
         let Some(route) = model.routes().get(position) else {
             continue;
         };
-        let ticket = if plan.pinned {
-            Ticket::Normal
-        } else {
-            match ctx.health.claim(&route.endpoint_id, Instant::now()) {
-                Some(t) => t,
-                None => {
-                    excluded.push(Exclusion {
-                        endpoint_id: route.endpoint_id.clone(),
-                        reason: "circuit open".into(),
-                    });
-                    continue;
-                }
-            }
+        let Some(ticket) = admit(ctx, route, &plan, &mut excluded) else {
+            continue;
         };
         let mut upstream = body.clone();
         upstream.insert(
@@ -374,13 +393,7 @@ pub async fn embeddings(
             Ok(bytes) => {
                 ctx.health
                     .record(&route.endpoint_id, ticket, Outcome::Success, None);
-                let attribution = Attribution {
-                    provider: route.kind.as_str().to_owned(),
-                    base_url: route.base_url.clone(),
-                    endpoint_id: route.endpoint_id.clone(),
-                    fell_back: !failed.is_empty(),
-                    failed_attempts: failed,
-                };
+                let attribution = Attribution::new(route, failed);
                 let model_name = body
                     .get("model")
                     .and_then(|m| m.as_str())
@@ -391,19 +404,13 @@ pub async fn embeddings(
                 ));
             }
             Err(e) => {
-                let outcome = match &e {
-                    AttemptError::Status { status, .. } => Outcome::from_status(*status),
-                    _ => Outcome::Failure,
-                };
-                ctx.health
-                    .record(&route.endpoint_id, ticket, outcome, Some(&e.to_string()));
-                failed.push(FailedAttempt {
-                    provider: route.kind.as_str().to_owned(),
-                    endpoint_id: route.endpoint_id.clone(),
-                    error_type: e.error_type(),
-                    error: e.to_string(),
-                    status: e.status(),
-                });
+                ctx.health.record(
+                    &route.endpoint_id,
+                    ticket,
+                    outcome_of(&e),
+                    Some(&e.to_string()),
+                );
+                failed.push(FailedAttempt::new(route, &e));
             }
         }
     }
