@@ -6,6 +6,7 @@
 //! [`config`] loads the YAML; [`mock`] is the simulated upstream used by demos, tests and benchmarks.
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod config;
 pub mod gateway;
 pub mod mock;

@@ -187,6 +187,12 @@ async fn serve(config_path: &Path, listen: Option<String>) -> anyhow::Result<()>
     let store = Store::open(&config.database_url)
         .await
         .with_context(|| format!("{}: database.url", config.source.display()))?;
+    // Routes, consumers and upstreams from the database: loaded now, then kept in sync
+    // (LISTEN/NOTIFY on PostgreSQL, a version poll on SQLite).
+    if let Err(e) = store.snapshots().reload(store.config()).await {
+        tracing::warn!("loading the configuration from the database failed: {e}");
+    }
+    store.spawn_sync();
     let listen = listen.unwrap_or_else(|| config.server.listen.clone());
     let gateway = Arc::new(Gateway::new(config, routing, Some(store))?);
     gateway.spawn_ticker();

@@ -15,4 +15,5 @@ mod pipeline;
 mod proxy;
 mod routewise;
 mod sdk_clients;
+mod store;
 mod strategies;

@@ -86,6 +86,7 @@ fn run_cargo(args: &[&str], what: &str) -> Result<()> {
 
 fn ci() -> Result<()> {
     ensure_wasm_target()?;
+    ensure_postgres()?;
     run_cargo(&["fmt", "--all", "--check"], "format check")?;
     run_cargo(
         &[
@@ -108,6 +109,41 @@ fn ci() -> Result<()> {
     run_cargo(&["test", "--workspace", "--no-fail-fast"], "tests")?;
     eprintln!("==> all checks passed");
     Ok(())
+}
+
+/// The storage tests run against the machine's PostgreSQL (127.0.0.1:5432, database `test`); start
+/// the local cluster when it is not accepting connections.
+fn ensure_postgres() -> Result<()> {
+    let ready = || {
+        Command::new("pg_isready")
+            .args(["-h", "127.0.0.1", "-p", "5432", "-q"])
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if ready() {
+        return Ok(());
+    }
+    eprintln!("==> PostgreSQL is not accepting connections; starting the local cluster");
+    let versions: Vec<String> = std::fs::read_dir("/etc/postgresql")
+        .map(|dir| {
+            dir.filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+                .collect()
+        })
+        .unwrap_or_default();
+    for version in &versions {
+        let _ = Command::new("pg_ctlcluster")
+            .args(["--skip-systemctl-redirect", version, "main", "start"])
+            .status();
+    }
+    for _ in 0..30 {
+        if ready() {
+            return Ok(());
+        }
+        std::thread::sleep(std::time::Duration::from_secs(1));
+    }
+    bail!(
+        "PostgreSQL is not running on 127.0.0.1:5432 and could not be started (clusters found: {versions:?}); the storage tests need it"
+    )
 }
 
 /// Kills the wrapped child when dropped, so the demo's mock upstreams never outlive it.

@@ -320,6 +320,7 @@ pub async fn health_deep(State(gateway): State<Arc<Gateway>>) -> Response {
         "strategies": strategies,
         "routers": routers,
         "database": gateway.store.as_ref().map(|s| s.backend()),
+        "database_sync": gateway.store.as_ref().map(|s| s.snapshots().status()),
         "api_logs": api_log,
     }))
     .into_response()

@@ -40,6 +40,7 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
             "/admin/routing/providers/{target}/{action}",
             post(admin::set_provider),
         )
+        .merge(crate::admin::management_router())
         .fallback(not_found)
         .with_state(gateway)
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use super::Store;
+use super::{Pool, Store};
 
 /// Rows waiting to be written before new ones are dropped.
 const QUEUE_CAPACITY: usize = 8192;
@@ -84,8 +84,8 @@ async fn writer(store: Store, mut rx: mpsc::Receiver<ApiLogRow>, errors: Arc<Ato
 
 async fn write(store: &Store, rows: &[ApiLogRow]) -> Result<(), sqlx::Error> {
     const COLUMNS: &str = "INSERT INTO api_logs (created_at_ms, model, endpoint_id, attempts, fell_back, status, ttft_ms, latency_ms, prompt_tokens, completion_tokens, error) ";
-    match store {
-        Store::Sqlite(pool) => {
+    match store.pool() {
+        Pool::Sqlite(pool) => {
             let mut qb = sqlx::QueryBuilder::<sqlx::Sqlite>::new(COLUMNS);
             qb.push_values(rows, |mut b, r| {
                 b.push_bind(r.created_at_ms)
@@ -102,7 +102,7 @@ async fn write(store: &Store, rows: &[ApiLogRow]) -> Result<(), sqlx::Error> {
             });
             qb.build().execute(pool).await?;
         }
-        Store::Postgres(pool) => {
+        Pool::Postgres(pool) => {
             let mut qb = sqlx::QueryBuilder::<sqlx::Postgres>::new(COLUMNS);
             qb.push_values(rows, |mut b, r| {
                 b.push_bind(r.created_at_ms)

@@ -1,0 +1,837 @@
+//! One behaviour suite for [`ConfigStore`], run against SQLite (a file in a temporary folder) and
+//! against the machine's PostgreSQL (a fresh schema per test, dropped afterwards).
+//!
+//! PostgreSQL is expected at `postgres://postgres@127.0.0.1:5432/test` (override with
+//! `SWITCHYARD_TEST_PG_URL`). When it is unreachable the PostgreSQL tests fail, saying so: CI starts
+//! it, and a suite that skips silently would let the PostgreSQL backend rot.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use super::model::*;
+use super::*;
+
+const DEFAULT_PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+/// A database for one test: a SQLite file or a PostgreSQL schema, removed on drop.
+pub(crate) struct TestDb {
+    pub url: String,
+    pub store: Store,
+    _dir: Option<tempfile::TempDir>,
+    schema: Option<PgSchema>,
+}
+
+impl TestDb {
+    pub async fn sqlite() -> TestDb {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("switchyard.db").display());
+        let store = Store::open(&url).await.unwrap();
+        TestDb {
+            url,
+            store,
+            _dir: Some(dir),
+            schema: None,
+        }
+    }
+
+    pub async fn postgres() -> TestDb {
+        let schema = PgSchema::create().await;
+        let url = schema.url.clone();
+        let store = Store::open(&url).await.unwrap();
+        TestDb {
+            url,
+            store,
+            _dir: None,
+            schema: Some(schema),
+        }
+    }
+
+    /// Another store on the same database, as a second gateway process would have.
+    pub async fn open_another(&self) -> Store {
+        Store::open(&self.url).await.unwrap()
+    }
+
+    pub fn is_postgres(&self) -> bool {
+        self.schema.is_some()
+    }
+}
+
+/// A schema `sy_test_<random>` in the test database, dropped (with everything in it) on drop.
+pub(crate) struct PgSchema {
+    base: String,
+    name: String,
+    pub url: String,
+}
+
+impl PgSchema {
+    pub async fn create() -> PgSchema {
+        let base =
+            std::env::var("SWITCHYARD_TEST_PG_URL").unwrap_or_else(|_| DEFAULT_PG_URL.to_owned());
+        let name = generate_id("sy_test");
+        let mut conn = connect(&base).await;
+        sqlx::query(&format!("CREATE SCHEMA {name}"))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        let sep = if base.contains('?') { '&' } else { '?' };
+        let url = format!("{base}{sep}options=-c%20search_path%3D{name}");
+        PgSchema { base, name, url }
+    }
+}
+
+async fn connect(url: &str) -> sqlx::PgConnection {
+    use sqlx::Connection;
+    match tokio::time::timeout(Duration::from_secs(10), sqlx::PgConnection::connect(url)).await {
+        Ok(Ok(conn)) => conn,
+        Ok(Err(e)) => panic!(
+            "PostgreSQL is unreachable at {url}: {e}\nThese tests need it (CI starts it). Start it with \
+             `pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start`, or point \
+             SWITCHYARD_TEST_PG_URL at another server."
+        ),
+        Err(_) => panic!("PostgreSQL at {url} did not answer within 10 s"),
+    }
+}
+
+impl Drop for PgSchema {
+    fn drop(&mut self) {
+        // Drop runs inside the test's runtime, which cannot be blocked on; a thread with its own
+        // runtime does the cleanup.
+        let (base, name) = (self.base.clone(), self.name.clone());
+        let cleanup = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                use sqlx::Connection;
+                if let Ok(mut conn) = sqlx::PgConnection::connect(&base).await {
+                    let _ = sqlx::query(&format!("DROP SCHEMA IF EXISTS {name} CASCADE"))
+                        .execute(&mut conn)
+                        .await;
+                }
+            });
+        });
+        let _ = cleanup.join();
+    }
+}
+
+fn route(name: &str, prefix: &str) -> NewRoute {
+    serde_json::from_value(json!({ "name": name, "path_prefix": prefix })).unwrap()
+}
+
+fn patch<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
+    serde_json::from_value(v).unwrap()
+}
+
+#[track_caller]
+fn assert_invalid<T: std::fmt::Debug>(result: Result<T, StoreError>, expected_field: &str) {
+    match result {
+        Err(StoreError::Invalid { field, .. }) if field == expected_field => {}
+        other => panic!("expected Invalid {{ field: {expected_field} }}, got {other:?}"),
+    }
+}
+
+#[track_caller]
+fn assert_conflict<T: std::fmt::Debug>(result: Result<T, StoreError>) -> String {
+    match result {
+        Err(e @ StoreError::Conflict { .. }) => e.to_string(),
+        other => panic!("expected Conflict, got {other:?}"),
+    }
+}
+
+#[track_caller]
+fn assert_not_found<T: std::fmt::Debug>(result: Result<T, StoreError>) {
+    match result {
+        Err(StoreError::NotFound { .. }) => {}
+        other => panic!("expected NotFound, got {other:?}"),
+    }
+}
+
+/// Waits up to `within` for `check` to hold.
+async fn eventually(within: Duration, mut check: impl AsyncFnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    loop {
+        if check().await {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < within,
+            "condition not met within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn raw_text(db: &TestDb, sql: &str) -> Vec<String> {
+    match db.store.pool() {
+        Pool::Sqlite(p) => sqlx::query_scalar(sql).fetch_all(p).await.unwrap(),
+        Pool::Postgres(p) => sqlx::query_scalar(sql).fetch_all(p).await.unwrap(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The suite
+// ---------------------------------------------------------------------------------------------
+
+async fn routes_round_trip(db: &TestDb) {
+    let s = db.store.config();
+    let created = s.create_route(route("chat", "/v1/chat")).await.unwrap();
+    assert!(created.id.starts_with("rt_"));
+    assert_eq!(created.tenant_id, "default");
+    assert_eq!(created.max_attempts, 2);
+    assert_eq!(
+        created.protocol_transformation_type,
+        ProtocolTransformation::IfDifferentProtocol
+    );
+    assert_eq!(created.metadata, json!({}));
+    assert!(created.enabled());
+    assert_eq!(s.get_route(&created.id).await.unwrap(), created);
+
+    let full: NewRoute = serde_json::from_value(json!({
+        "tenant_id": "acme", "name": "full", "path_prefix": "/acme",
+        "disable_auth": true, "passthrough_auth_token": true,
+        "protocol_transformation_type": "never",
+        "groups": ["g1", "g2"], "labels": {"team": "ml"},
+        "metadata": {"nested": [1, {"a": null}]}, "max_attempts": 5,
+    }))
+    .unwrap();
+    let full = s.create_route(full).await.unwrap();
+    assert_eq!(s.get_route(&full.id).await.unwrap(), full);
+    let listed = s.list_routes().await.unwrap();
+    assert_eq!(listed.len(), 2);
+    assert!(listed.contains(&created) && listed.contains(&full));
+
+    let updated = s
+        .update_route(
+            &created.id,
+            patch(json!({"name": "renamed", "labels": {"k": "v"}, "disabled": true})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(updated.name, "renamed");
+    assert_eq!(updated.path_prefix, "/v1/chat", "untouched fields stay");
+    assert!(updated.disabled_at.is_some());
+    assert_eq!(s.get_route(&created.id).await.unwrap(), updated);
+
+    s.delete_route(&created.id).await.unwrap();
+    assert_not_found(s.get_route(&created.id).await);
+    assert_not_found(s.delete_route(&created.id).await);
+    assert_not_found(s.update_route("rt_nope", RoutePatch::default()).await);
+}
+
+async fn route_constraints(db: &TestDb) {
+    let s = db.store.config();
+    assert_invalid(s.create_route(route("r", "v1")).await, "path_prefix");
+    assert_invalid(s.create_route(route("", "/x")).await, "name");
+    let mut bad = route("r", "/x");
+    bad.max_attempts = 0;
+    assert_invalid(s.create_route(bad).await, "max_attempts");
+    let mut bad = route("r", "/x");
+    bad.groups = vec!["ok".into(), " ".into()];
+    assert_invalid(s.create_route(bad).await, "groups[1]");
+    let mut bad = route("r", "/x");
+    bad.metadata = json!([1]);
+    assert_invalid(s.create_route(bad).await, "metadata");
+
+    let a = s.create_route(route("a", "/same")).await.unwrap();
+    let message = assert_conflict(s.create_route(route("b", "/same")).await);
+    assert!(message.starts_with("path_prefix:"), "{message}");
+    // A disabled route may share the prefix, but cannot be enabled while the other is.
+    let mut disabled = route("b", "/same");
+    disabled.disabled = true;
+    let b = s.create_route(disabled).await.unwrap();
+    assert_conflict(
+        s.update_route(&b.id, patch(json!({"disabled": false})))
+            .await,
+    );
+    s.update_route(&a.id, patch(json!({"disabled": true})))
+        .await
+        .unwrap();
+    s.update_route(&b.id, patch(json!({"disabled": false})))
+        .await
+        .unwrap();
+    // Moving a route onto a taken prefix is a conflict too; failed writes change nothing.
+    let c = s.create_route(route("c", "/other")).await.unwrap();
+    assert_conflict(
+        s.update_route(&c.id, patch(json!({"path_prefix": "/same"})))
+            .await,
+    );
+    assert_eq!(s.get_route(&c.id).await.unwrap(), c);
+}
+
+async fn legacy_tokens_are_stored_hashed(db: &TestDb) {
+    let s = db.store.config();
+    let mut new = route("legacy", "/legacy");
+    new.legacy_bearer_auth_tokens = vec!["legacy-token-0123456789".into()];
+    let r = s.create_route(new).await.unwrap();
+    let shown = serde_json::to_value(&r).unwrap();
+    assert_eq!(shown["legacy_bearer_auth_tokens"], json!(["legac…89"]));
+    let stored = raw_text(db, "SELECT legacy_bearer_auth_tokens FROM routes").await;
+    assert!(!stored[0].contains("legacy-token-0123456789"), "{stored:?}");
+    let r = s.get_route(&r.id).await.unwrap();
+    assert!(r.accepts_legacy_token("legacy-token-0123456789"));
+    assert!(!r.accepts_legacy_token("legacy-token-0123456788"));
+    assert_invalid(
+        s.update_route(
+            &r.id,
+            patch(json!({"legacy_bearer_auth_tokens": ["ok-token", "with space"]})),
+        )
+        .await,
+        "legacy_bearer_auth_tokens[1]",
+    );
+}
+
+async fn plugin_configs(db: &TestDb) {
+    let s = db.store.config();
+    let r = s.create_route(route("r", "/r")).await.unwrap();
+    let new = |plugin: &str, config: serde_json::Value| -> NewPluginConfig {
+        serde_json::from_value(json!({"plugin": plugin, "config": config})).unwrap()
+    };
+    let limit = s
+        .create_plugin_config(&r.id, new("rate-limit", json!({"rpm": 60})))
+        .await
+        .unwrap();
+    let cache = s
+        .create_plugin_config(&r.id, new("cache", json!({"ttl": 5})))
+        .await
+        .unwrap();
+    assert!(limit.enabled);
+    assert_eq!(s.get_plugin_config(&r.id, &limit.id).await.unwrap(), limit);
+    let listed = s.list_plugin_configs(&r.id).await.unwrap();
+    assert_eq!(
+        listed,
+        vec![cache.clone(), limit.clone()],
+        "ordered by plugin"
+    );
+    assert_conflict(s.create_plugin_config(&r.id, new("cache", json!({}))).await);
+    assert_invalid(
+        s.create_plugin_config(&r.id, new("x", json!([1]))).await,
+        "config",
+    );
+    assert_invalid(
+        s.create_plugin_config(&r.id, new("has space", json!({})))
+            .await,
+        "plugin",
+    );
+    assert_not_found(
+        s.create_plugin_config("rt_nope", new("cache", json!({})))
+            .await,
+    );
+    assert_not_found(s.list_plugin_configs("rt_nope").await);
+    // A plugin config is reachable only under its own route.
+    let other = s.create_route(route("o", "/o")).await.unwrap();
+    assert_not_found(s.get_plugin_config(&other.id, &limit.id).await);
+
+    s.update_plugin_config(&r.id, &cache.id, patch(json!({"enabled": false})))
+        .await
+        .unwrap();
+    let aggregated = s.route_plugins(&r.id).await.unwrap();
+    assert_eq!(
+        serde_json::to_value(&aggregated).unwrap(),
+        json!({"rate-limit": {"rpm": 60}})
+    );
+    let snapshot = s.load_snapshot().await.unwrap();
+    assert_eq!(
+        snapshot.route_plugin_map(&r.id),
+        [("rate-limit", &json!({"rpm": 60}))].into_iter().collect()
+    );
+
+    s.delete_plugin_config(&r.id, &limit.id).await.unwrap();
+    assert_not_found(s.delete_plugin_config(&r.id, &limit.id).await);
+    s.delete_route(&r.id).await.unwrap();
+    assert_eq!(s.load_snapshot().await.unwrap().counts().plugin_configs, 0);
+}
+
+async fn consumers_and_keys(db: &TestDb) {
+    let s = db.store.config();
+    let c: NewConsumer =
+        serde_json::from_value(json!({"name": "alice", "role": "superuser", "groups": ["a"]}))
+            .unwrap();
+    let alice = s.create_consumer(c).await.unwrap();
+    assert_eq!(alice.role, Role::Free, "unknown roles are free");
+    assert_eq!(s.get_consumer(&alice.id).await.unwrap(), alice);
+    assert_conflict(
+        s.create_consumer(serde_json::from_value(json!({"name": "alice"})).unwrap())
+            .await,
+    );
+    let alice = s
+        .update_consumer(&alice.id, patch(json!({"role": "admin"})))
+        .await
+        .unwrap();
+    assert_eq!(alice.role, Role::Admin);
+
+    let created = s
+        .create_consumer_key(&alice.id, NewConsumerKey::default())
+        .await
+        .unwrap();
+    let secret = created.secret.clone();
+    assert!(secret.starts_with("sk-sy-"));
+    assert_eq!(created.key.prefix, &secret[..8]);
+    let shown = serde_json::to_value(&created).unwrap();
+    assert_eq!(shown["secret"], json!(secret));
+    assert!(shown.get("key_hash").is_none());
+    // Only the hash is stored, and nothing returned later carries the secret.
+    let stored = raw_text(db, "SELECT key_hash FROM consumer_api_keys").await;
+    assert_eq!(stored, vec![hash_secret(&secret)]);
+    let listed = serde_json::to_string(&s.list_consumer_keys(&alice.id).await.unwrap()).unwrap();
+    assert!(
+        !listed.contains(&secret[6..]) && !listed.contains("secret"),
+        "{listed}"
+    );
+
+    let (consumer, key) = s.find_consumer_key(&secret).await.unwrap().unwrap();
+    assert_eq!(
+        (consumer.id.as_str(), key.id.as_str()),
+        (alice.id.as_str(), created.key.id.as_str())
+    );
+    assert!(s.find_consumer_key("sk-sy-wrong").await.unwrap().is_none());
+
+    let snapshot = s.load_snapshot().await.unwrap();
+    let now = now();
+    let auth = snapshot.authenticate(&secret, now).unwrap();
+    assert_eq!(auth.consumer.role, Role::Admin);
+
+    // Expiry and revocation.
+    assert_invalid(
+        s.create_consumer_key(
+            &alice.id,
+            NewConsumerKey {
+                groups: vec![],
+                expires_at: Some(now - 1),
+            },
+        )
+        .await,
+        "expires_at",
+    );
+    let expiring = s
+        .create_consumer_key(
+            &alice.id,
+            NewConsumerKey {
+                groups: vec!["g".into()],
+                expires_at: Some(now + 3600),
+            },
+        )
+        .await
+        .unwrap();
+    s.update_consumer_key(
+        &alice.id,
+        &expiring.key.id,
+        patch(json!({"expires_at": now - 10})),
+    )
+    .await
+    .unwrap();
+    let revoked = s
+        .update_consumer_key(&alice.id, &created.key.id, patch(json!({"revoked": true})))
+        .await
+        .unwrap();
+    assert!(revoked.revoked_at.is_some());
+    assert_invalid(
+        s.update_consumer_key(&alice.id, &created.key.id, patch(json!({"revoked": false})))
+            .await,
+        "revoked",
+    );
+    let snapshot = s.load_snapshot().await.unwrap();
+    assert_eq!(
+        snapshot.authenticate(&secret, now).unwrap_err(),
+        KeyRejection::Revoked
+    );
+    assert_eq!(
+        snapshot.authenticate(&expiring.secret, now).unwrap_err(),
+        KeyRejection::Expired
+    );
+    s.update_consumer_key(
+        &alice.id,
+        &expiring.key.id,
+        patch(json!({"expires_at": null})),
+    )
+    .await
+    .unwrap();
+    s.update_consumer(&alice.id, patch(json!({"disabled": true})))
+        .await
+        .unwrap();
+    let snapshot = s.load_snapshot().await.unwrap();
+    assert_eq!(
+        snapshot.authenticate(&expiring.secret, now).unwrap_err(),
+        KeyRejection::ConsumerDisabled
+    );
+
+    // Keys live under their consumer only; deleting the consumer deletes them.
+    let bob = s
+        .create_consumer(serde_json::from_value(json!({"name": "bob"})).unwrap())
+        .await
+        .unwrap();
+    assert_not_found(s.get_consumer_key(&bob.id, &expiring.key.id).await);
+    assert_not_found(s.list_consumer_keys("cs_nope").await);
+    s.delete_consumer(&alice.id).await.unwrap();
+    assert!(
+        s.find_consumer_key(&expiring.secret)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(s.load_snapshot().await.unwrap().counts().consumer_keys, 0);
+}
+
+async fn providers_upstreams_and_models(db: &TestDb) {
+    let s = db.store.config();
+    let provider = |name: &str, protocol: &str| -> NewProvider {
+        serde_json::from_value(json!({"name": name, "protocol": protocol})).unwrap()
+    };
+    let openai = s
+        .create_provider(provider("openai", "openai_compat"))
+        .await
+        .unwrap();
+    assert_eq!(
+        openai.default_capabilities,
+        vec![Capability::ChatCompletions, Capability::Embeddings]
+    );
+    let claude = s
+        .create_provider(provider("claude", "anthropic"))
+        .await
+        .unwrap();
+    assert_eq!(claude.default_capabilities, vec![Capability::Messages]);
+    assert_conflict(s.create_provider(provider("openai", "anthropic")).await);
+    assert_eq!(s.get_provider(&openai.id).await.unwrap(), openai);
+
+    let upstream = |provider_id: &str, url: &str, priority: i64| -> NewUpstream {
+        serde_json::from_value(
+            json!({"provider_id": provider_id, "base_url": url, "priority": priority}),
+        )
+        .unwrap()
+    };
+    assert_invalid(
+        s.create_upstream(upstream("pv_nope", "http://a/v1", 0))
+            .await,
+        "provider_id",
+    );
+    assert_invalid(
+        s.create_upstream(upstream(&openai.id, "ftp://a", 0)).await,
+        "base_url",
+    );
+    let low = s
+        .create_upstream(upstream(&openai.id, "http://127.0.0.1:9001/v1", 1))
+        .await
+        .unwrap();
+    assert_eq!(
+        (low.group.as_str(), low.lb_weight, low.enabled),
+        ("default", 1.0, true)
+    );
+    let high = s
+        .create_upstream(upstream(&claude.id, "https://api.example.com", 10))
+        .await
+        .unwrap();
+    let high = s
+        .update_upstream(
+            &high.id,
+            patch(json!({"capabilities": ["messages", "chat_completions"], "group": "eu"})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(s.get_upstream(&high.id).await.unwrap(), high);
+    assert_invalid(
+        s.update_upstream(&high.id, patch(json!({"lb_weight": -1.0})))
+            .await,
+        "lb_weight",
+    );
+
+    // Keys: stored in full (they are sent upstream), masked whenever shown.
+    let key: NewUpstreamKey = serde_json::from_value(
+        json!({"secret": "sk-upstream-secret-value-xyz", "min_role": "pro", "lb_weight": 2.0}),
+    )
+    .unwrap();
+    let key = s.create_upstream_key(&low.id, key).await.unwrap();
+    assert_eq!(key.secret.expose(), "sk-upstream-secret-value-xyz");
+    assert_eq!(
+        serde_json::to_value(&key).unwrap()["secret"],
+        json!("sk-up…yz")
+    );
+    assert_eq!(key.min_role, Role::Pro);
+    assert_eq!(s.get_upstream_key(&low.id, &key.id).await.unwrap(), key);
+    assert_not_found(s.get_upstream_key(&high.id, &key.id).await);
+    let key = s
+        .update_upstream_key(
+            &low.id,
+            &key.id,
+            patch(json!({"lb_weight": null, "enabled": false})),
+        )
+        .await
+        .unwrap();
+    assert_eq!((key.lb_weight, key.enabled), (None, false));
+    assert_eq!(
+        s.list_upstream_keys(&low.id).await.unwrap(),
+        vec![key.clone()]
+    );
+
+    // Model mappings: one per (model, upstream).
+    let mapping = |model: &str, upstream_id: &str| -> NewUpstreamModel {
+        serde_json::from_value(json!({"model": model, "upstream_id": upstream_id})).unwrap()
+    };
+    let m1 = s
+        .create_upstream_model(mapping("gpt", &low.id))
+        .await
+        .unwrap();
+    assert_eq!(m1.provider_model_id, "gpt", "defaults to the public name");
+    let m2 = s
+        .create_upstream_model(mapping("gpt", &high.id))
+        .await
+        .unwrap();
+    let message = assert_conflict(s.create_upstream_model(mapping("gpt", &low.id)).await);
+    assert!(message.starts_with("model:"), "{message}");
+    assert_invalid(
+        s.create_upstream_model(mapping("gpt", "up_nope")).await,
+        "upstream_id",
+    );
+    assert_conflict(
+        s.update_upstream_model(&m2.id, patch(json!({"upstream_id": low.id})))
+            .await,
+    );
+    let m2 = s
+        .update_upstream_model(&m2.id, patch(json!({"provider_model_id": "claude-x"})))
+        .await
+        .unwrap();
+    assert_eq!(s.get_upstream_model(&m2.id).await.unwrap(), m2);
+    assert_eq!(s.list_upstream_models().await.unwrap().len(), 2);
+
+    let snapshot = s.load_snapshot().await.unwrap();
+    let targets = snapshot.model_targets("gpt");
+    let order: Vec<&str> = targets.iter().map(|t| t.upstream.id.as_str()).collect();
+    assert_eq!(
+        order,
+        vec![high.id.as_str(), low.id.as_str()],
+        "priority first"
+    );
+    assert_eq!(targets[0].provider.id, claude.id);
+    assert_eq!(
+        snapshot.capabilities(snapshot.upstream(&low.id).unwrap()),
+        &[Capability::ChatCompletions, Capability::Embeddings]
+    );
+    assert_eq!(
+        snapshot.capabilities(snapshot.upstream(&high.id).unwrap()),
+        &[Capability::Messages, Capability::ChatCompletions]
+    );
+    let keys: Vec<_> = snapshot.upstream_keys(&low.id).collect();
+    assert_eq!(keys[0].secret.expose(), "sk-upstream-secret-value-xyz");
+
+    // A provider in use cannot go; an upstream takes its keys and mappings with it.
+    assert_conflict(s.delete_provider(&openai.id).await);
+    s.delete_upstream(&low.id).await.unwrap();
+    s.delete_provider(&openai.id).await.unwrap();
+    assert_not_found(s.list_upstream_keys(&low.id).await);
+    let counts = s.load_snapshot().await.unwrap().counts();
+    assert_eq!(
+        (
+            counts.providers,
+            counts.upstreams,
+            counts.upstream_keys,
+            counts.upstream_models
+        ),
+        (1, 1, 0, 1)
+    );
+    s.delete_upstream_model(&m2.id).await.unwrap();
+    assert_not_found(s.get_upstream_model(&m2.id).await);
+}
+
+async fn snapshot_holds_everything(db: &TestDb) {
+    let s = db.store.config();
+    let empty = s.load_snapshot().await.unwrap();
+    assert_eq!(
+        empty.counts(),
+        SnapshotCounts {
+            routes: 0,
+            plugin_configs: 0,
+            consumers: 0,
+            consumer_keys: 0,
+            providers: 0,
+            upstreams: 0,
+            upstream_keys: 0,
+            upstream_models: 0,
+        }
+    );
+    let r = s.create_route(route("r", "/r")).await.unwrap();
+    s.create_plugin_config(
+        &r.id,
+        serde_json::from_value(json!({"plugin": "p"})).unwrap(),
+    )
+    .await
+    .unwrap();
+    let c = s
+        .create_consumer(serde_json::from_value(json!({"name": "c"})).unwrap())
+        .await
+        .unwrap();
+    s.create_consumer_key(&c.id, NewConsumerKey::default())
+        .await
+        .unwrap();
+    let p = s
+        .create_provider(
+            serde_json::from_value(json!({"name": "p", "protocol": "openai_responses"})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let u = s
+        .create_upstream(
+            serde_json::from_value(json!({"provider_id": p.id, "base_url": "http://x"})).unwrap(),
+        )
+        .await
+        .unwrap();
+    s.create_upstream_key(
+        &u.id,
+        serde_json::from_value(json!({"secret": "k"})).unwrap(),
+    )
+    .await
+    .unwrap();
+    s.create_upstream_model(
+        serde_json::from_value(json!({"model": "m", "upstream_id": u.id})).unwrap(),
+    )
+    .await
+    .unwrap();
+    let snapshot = s.load_snapshot().await.unwrap();
+    assert_eq!(snapshot.version, s.version().await.unwrap());
+    assert_eq!(
+        snapshot.counts(),
+        SnapshotCounts {
+            routes: 1,
+            plugin_configs: 1,
+            consumers: 1,
+            consumer_keys: 1,
+            providers: 1,
+            upstreams: 1,
+            upstream_keys: 1,
+            upstream_models: 1,
+        }
+    );
+    assert_eq!(snapshot.route(&r.id), Some(&r));
+    assert_eq!(snapshot.consumer(&c.id), Some(&c));
+    assert_eq!(snapshot.provider(&p.id), Some(&p));
+    assert_eq!(snapshot.upstream(&u.id), Some(&u));
+    assert!(snapshot.loaded_at_ms > 0);
+}
+
+async fn every_write_bumps_the_version(db: &TestDb) {
+    let s = db.store.config();
+    let v0 = s.version().await.unwrap();
+    let r = s.create_route(route("r", "/r")).await.unwrap();
+    let v1 = s.version().await.unwrap();
+    assert!(v1 > v0);
+    // The local feed moves at once.
+    assert_eq!(*s.watch().borrow(), v1);
+    // Failed writes are rolled back, version included.
+    assert_conflict(s.create_route(route("r2", "/r")).await);
+    assert_not_found(s.delete_route("rt_nope").await);
+    assert_eq!(s.version().await.unwrap(), v1);
+    s.update_route(&r.id, patch(json!({"name": "x"})))
+        .await
+        .unwrap();
+    s.delete_route(&r.id).await.unwrap();
+    assert_eq!(s.version().await.unwrap(), v1 + 2);
+}
+
+/// The requirement behind the feed: a write in one process is seen by another within 2 s.
+async fn another_process_sees_changes_within_two_seconds(db: &TestDb) {
+    let other = db.open_another().await;
+    other.spawn_sync();
+    let mut feed = other.config().watch();
+    eventually(Duration::from_secs(2), async || {
+        other.snapshot().version >= 0
+    })
+    .await;
+    let before = *feed.borrow_and_update();
+
+    let r = db
+        .store
+        .config()
+        .create_route(route("shared", "/shared"))
+        .await
+        .unwrap();
+    let written = db.store.config().version().await.unwrap();
+    let took = tokio::time::timeout(Duration::from_secs(2), async {
+        while *feed.borrow_and_update() < written {
+            feed.changed().await.unwrap();
+        }
+    })
+    .await;
+    assert!(
+        took.is_ok(),
+        "the other store's feed stayed at {before}, wanted {written}"
+    );
+    let took = eventually(Duration::from_secs(2), async || {
+        other.snapshot().route(&r.id).is_some()
+    })
+    .await;
+    let status = other.snapshots().status();
+    assert_eq!(status.snapshot_version, Some(written), "{status:?}");
+    assert!(status.last_loaded_at_ms.is_some() && status.last_error.is_none());
+    if db.is_postgres() {
+        // LISTEN/NOTIFY, not the 5 s safety poll.
+        assert!(took < Duration::from_secs(1), "took {took:?}");
+    }
+}
+
+/// A failed reload keeps the last good snapshot and says why.
+async fn a_failed_reload_keeps_the_last_snapshot(db: &TestDb) {
+    let s = &db.store;
+    s.config().create_route(route("r", "/r")).await.unwrap();
+    let good = s.snapshots().reload(s.config()).await.unwrap();
+    assert_eq!(good.counts().routes, 1);
+    match s.pool() {
+        Pool::Sqlite(p) => p.close().await,
+        Pool::Postgres(p) => p.close().await,
+    }
+    let err = s.snapshots().reload(s.config()).await.unwrap_err();
+    assert!(matches!(err, StoreError::Database { .. }), "{err:?}");
+    assert_eq!(s.snapshot().version, good.version);
+    assert_eq!(s.snapshot().counts().routes, 1);
+    let status = s.snapshots().status();
+    assert_eq!(status.snapshot_version, Some(good.version));
+    assert_eq!(status.consecutive_failures, 1);
+    assert!(status.last_error.is_some() && status.last_error_at_ms.is_some());
+    assert!(status.last_loaded_at_ms.is_some());
+}
+
+macro_rules! suite {
+    ($($test:ident),* $(,)?) => {
+        mod sqlite_backend {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    let db = super::TestDb::sqlite().await;
+                    super::$test(&db).await;
+                }
+            )*
+        }
+        mod postgres_backend {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    let db = super::TestDb::postgres().await;
+                    super::$test(&db).await;
+                }
+            )*
+        }
+    };
+}
+
+suite!(
+    routes_round_trip,
+    route_constraints,
+    legacy_tokens_are_stored_hashed,
+    plugin_configs,
+    consumers_and_keys,
+    providers_upstreams_and_models,
+    snapshot_holds_everything,
+    every_write_bumps_the_version,
+    another_process_sees_changes_within_two_seconds,
+    a_failed_reload_keeps_the_last_snapshot,
+);
+
+#[test]
+fn sql_helpers_number_their_placeholders() {
+    assert_eq!(
+        sql::insert_sql("t", "id, a, b"),
+        "INSERT INTO t (id, a, b) VALUES ($1, $2, $3)"
+    );
+    assert_eq!(
+        sql::update_sql("t", "id, a, b"),
+        "UPDATE t SET a = $2, b = $3 WHERE id = $1"
+    );
+}
