@@ -65,7 +65,7 @@ fn bench(c: &mut Criterion) {
     let engine = StrategyEngine::new(StrategyLimits::default()).unwrap();
     let dir = strategies_dir();
     let mut group = c.benchmark_group("select");
-    for name in ["fixed", "round_robin"] {
+    for name in ["fixed", "round_robin", "routewise"] {
         let path = dir.join(format!("{name}.wasm"));
         let strategy = Arc::new(
             runtime
