@@ -220,11 +220,27 @@ async fn serve(config_path: &Path, listen: Option<String>) -> anyhow::Result<()>
         listener,
         app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
     )
-    .with_graceful_shutdown(async {
-        let _ = tokio::signal::ctrl_c().await;
-    })
+    .with_graceful_shutdown(shutdown_signal())
     .await
     .context("server")
+}
+
+/// Ctrl-C, or SIGTERM as sent by process supervisors and container runtimes: stop accepting and
+/// let in-flight requests finish.
+async fn shutdown_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate => {}
+    }
+    tracing::info!("shutting down");
 }
 
 async fn check(config_path: &Path) -> anyhow::Result<()> {
