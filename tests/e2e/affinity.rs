@@ -9,8 +9,13 @@ use crate::harness::{Gateway, Mock};
 const ADMIN: &str = "test-admin-token";
 
 fn config(head: &str, a: &Mock, wa: &str, b: &Mock, wb: &str) -> String {
+    config_with("", head, a, wa, b, wb)
+}
+
+/// `server_extra` goes inside the `server:` section, `head` after it.
+fn config_with(server_extra: &str, head: &str, a: &Mock, wa: &str, b: &Mock, wb: &str) -> String {
     format!(
-        "server:\n  admin_token: {ADMIN}\n{head}models:\n  - id: m\n    aliases: [m-alias]\n    route:\n      - kind: openai_compat\n        base_url: {}\n        weight: {wa}\n      - kind: openai_compat\n        base_url: {}\n        weight: {wb}\n",
+        "server:\n  admin_token: {ADMIN}\n{server_extra}{head}models:\n  - id: m\n    aliases: [m-alias]\n    route:\n      - kind: openai_compat\n        base_url: {}\n        weight: {wa}\n      - kind: openai_compat\n        base_url: {}\n        weight: {wb}\n",
         a.base_url(),
         b.base_url()
     )
@@ -230,18 +235,13 @@ async fn forwarded_addresses_count_only_from_trusted_proxies() {
     let a = Mock::start(&[]);
     let b = Mock::start(&[]);
     let trusted = affinity_on(
-        &config(
-            "server:\n  trusted_proxies: [\"127.0.0.1/32\"]\n",
+        &config_with(
+            "  trusted_proxies: [\"127.0.0.1/32\"]\n",
+            "",
             &a,
             "1",
             &b,
             "1",
-        )
-        .replacen(&format!("server:\n  admin_token: {ADMIN}\n"), "", 1)
-        .replacen(
-            "server:\n  trusted_proxies",
-            &format!("server:\n  admin_token: {ADMIN}\n  trusted_proxies"),
-            1,
         ),
         &[],
     );
