@@ -136,10 +136,7 @@ impl Gateway {
     pub fn record(&self, mut row: crate::store::api_log::ApiLogRow) {
         if let Some(log) = &self.api_log {
             if row.created_at_ms == 0 {
-                row.created_at_ms = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_millis() as i64)
-                    .unwrap_or(0);
+                row.created_at_ms = crate::routing::unix_ms() as i64;
             }
             log.record(row);
         }
@@ -280,10 +277,7 @@ impl Gateway {
                 let Some(gateway) = weak.upgrade() else {
                     return;
                 };
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_millis() as u64)
-                    .unwrap_or(0);
+                let now = crate::routing::unix_ms();
                 for model in gateway.table().models() {
                     model.router.tick(now).await;
                 }

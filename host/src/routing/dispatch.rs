@@ -688,7 +688,7 @@ impl StreamRelay {
                 cached_prompt_tokens: self.usage.cached_input_tokens,
                 status: 200,
                 strategy_metadata: std::mem::take(&mut self.strategy_metadata),
-                now_ms: now_ms(),
+                now_ms: super::unix_ms(),
             },
         );
     }
@@ -786,7 +786,7 @@ fn observation(
         cached_prompt_tokens: usage.cached_input_tokens,
         status,
         strategy_metadata: plan.strategy_metadata.clone(),
-        now_ms: now_ms(),
+        now_ms: super::unix_ms(),
     }
 }
 
@@ -818,13 +818,6 @@ pub fn rename_model(body: Bytes, provider_model_id: &str, public_model: &str) ->
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 /// Hands an observation to the strategy off the response path.

@@ -1,7 +1,7 @@
 //! The selection pipeline, in order: modality filter → explicit pin → weight and breaker admission
 //! → the model's strategy. A strategy that cannot answer is replaced by declared order.
 
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use crate::config::{Capability, RouteConfig};
 use crate::strategy::bindings::PrefillPolicy;
@@ -304,9 +304,6 @@ pub async fn select_at(
     }
 
     // 5. The strategy orders what is left.
-    let unix = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
     let p = ctx.prefill.config();
     let request = Request {
         caller_hash: facts.caller_hash,
@@ -315,7 +312,7 @@ pub async fn select_at(
         stream: facts.stream,
         modalities: facts.modalities,
         seed: rand::random(),
-        now_ms: unix.as_millis() as u64,
+        now_ms: super::unix_ms(),
         prefill: PrefillPolicy {
             enabled: p.enabled,
             intervene_tokens: p.intervene_tokens,

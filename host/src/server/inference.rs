@@ -62,6 +62,16 @@ fn capability(dialect: Dialect) -> Capability {
     }
 }
 
+/// The body as a JSON object, kept for upstreams that get it (nearly) verbatim.
+fn json_object(body: &[u8]) -> Result<serde_json::Map<String, serde_json::Value>, GatewayError> {
+    match serde_json::from_slice(body) {
+        Ok(serde_json::Value::Object(map)) => Ok(map),
+        _ => Err(GatewayError::InvalidBody(
+            "the body must be a JSON object".into(),
+        )),
+    }
+}
+
 /// A published model with routes, by id or alias.
 fn published_model(gateway: &Gateway, name: &str) -> Result<Arc<ModelEntry>, GatewayError> {
     gateway
@@ -120,14 +130,7 @@ async fn serve_chat(
         .parse_request(body)
         .map_err(GatewayError::InvalidBody)?;
     // The parsed body is kept for upstreams of the same dialect, which get it nearly verbatim.
-    let raw = match serde_json::from_slice::<serde_json::Value>(body) {
-        Ok(serde_json::Value::Object(map)) => map,
-        _ => {
-            return Err(GatewayError::InvalidBody(
-                "the body must be a JSON object".into(),
-            ));
-        }
-    };
+    let raw = json_object(body)?;
     let model = published_model(gateway, &request.model)?;
     let (caller, pin) = caller_and_pin(gateway, extensions, headers);
     let inbound = Inbound {
@@ -258,14 +261,7 @@ pub async fn embeddings(
         let started = Instant::now();
         let (model_name, chars) =
             protocol::parse_embeddings_request(&body).map_err(GatewayError::InvalidBody)?;
-        let raw = match serde_json::from_slice::<serde_json::Value>(&body) {
-            Ok(serde_json::Value::Object(map)) => map,
-            _ => {
-                return Err(GatewayError::InvalidBody(
-                    "the body must be a JSON object".into(),
-                ));
-            }
-        };
+        let raw = json_object(&body)?;
         let model = published_model(&gateway, &model_name)?;
         let (caller, pin) = caller_and_pin(&gateway, &extensions, &headers);
         let facts = RequestFacts {
