@@ -106,7 +106,7 @@ def wrk(url, model, concurrency, script_dir):
 def main():
     ensure_tools()
     binary = build()
-    env = dict(os.environ, RUST_LOG="warn", ROUTING_AFFINITY_ENABLED="0",
+    env = dict(os.environ, RUST_LOG="warn", ROUTING_AFFINITY_ENABLED="0", SWITCHYARD_DEFAULT_AUTH="disabled",
                SWITCHYARD_BUILTIN_STRATEGIES=str(target_dir() / "strategies"))
     work = Path(tempfile.mkdtemp(prefix="switchyard-bench-"))
     procs = []

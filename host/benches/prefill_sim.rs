@@ -237,8 +237,7 @@ async fn run(mode: &Mode, arrivals: &[Arrival]) -> Summary {
             prompt_tokens: a.prompt.min(u64::from(u32::MAX)) as u32,
             max_tokens: None,
             stream: true,
-            modalities: Default::default(),
-            call: Default::default(),
+            ..RequestFacts::default()
         };
         let plan = select_at(&model, &facts, &ctx, None, at(a.at))
             .await

@@ -14,8 +14,9 @@ use crate::routing::policy::Overrides;
 
 use crate::config::Config;
 use crate::routing::table::{RouteTable, RouteTableError};
-use crate::store::Store;
+use crate::server::routes::RouteSet;
 use crate::store::api_log::ApiLog;
+use crate::store::{Snapshot, Store};
 use crate::strategy::{StrategyCatalog, StrategyEngine, StrategyError, StrategyLimits};
 use crate::upstream::UpstreamClient;
 
@@ -99,6 +100,12 @@ pub struct Gateway {
     /// Serialises table rebuilds so two admin changes cannot interleave their pushes.
     rebuild: tokio::sync::Mutex<()>,
     table: RwLock<Arc<RouteTable>>,
+    /// Inbound routes (prefixes and auth) of the config file and the database.
+    inbound_routes: RwLock<Arc<RouteSet>>,
+    /// The database snapshot the table and routes were last built from.
+    snapshot: RwLock<Arc<Snapshot>>,
+    /// The last problems a snapshot rebuild reported, so each distinct set is logged once.
+    rebuild_problems: Mutex<Vec<String>>,
     upstreams: UpstreamClient,
     pub store: Option<Store>,
     pub api_log: Option<ApiLog>,
@@ -112,7 +119,12 @@ impl Gateway {
     ) -> Result<Gateway, BuildError> {
         let upstreams = UpstreamClient::new(&config.upstream)?;
         let api_log = store.clone().map(ApiLog::start);
+        let snapshot = Arc::new(Snapshot::empty());
+        let inbound_routes = RouteSet::build(&config, &snapshot);
         Ok(Gateway {
+            inbound_routes: RwLock::new(Arc::new(inbound_routes)),
+            snapshot: RwLock::new(snapshot),
+            rebuild_problems: Mutex::new(Vec::new()),
             routing: RoutingContext::new(&config),
             overrides: Mutex::new(Overrides::default()),
             unhealthy_origins: Mutex::new(HashSet::new()),
@@ -130,6 +142,69 @@ impl Gateway {
     /// The current route table; hold the `Arc`, not the lock.
     pub fn table(&self) -> Arc<RouteTable> {
         self.table.read().clone()
+    }
+
+    /// The inbound routes in force.
+    pub fn inbound_routes(&self) -> Arc<RouteSet> {
+        self.inbound_routes.read().clone()
+    }
+
+    /// The database configuration the gateway serves from (empty without a database).
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.snapshot.read().clone()
+    }
+
+    /// Serves `snapshot`: the YAML models plus the database's, and the inbound routes of both.
+    /// Routers of unchanged models keep their state. Models that cannot be built are skipped and
+    /// logged; the rest are served.
+    pub async fn apply_snapshot(&self, snapshot: Arc<Snapshot>) {
+        let _serial = self.rebuild.lock().await;
+        let models = crate::routing::db_models::merged_models(&self.config, &snapshot);
+        let overrides = self.overrides.lock().clone();
+        let unhealthy = self.unhealthy_origins.lock().clone();
+        let local_fraction = self.config.routing.local_fraction;
+        let (table, problems) = self
+            .table()
+            .rebuild(models, &self.routing_engine, &self.catalog, |m| {
+                crate::routing::policy::apply(m, &overrides, &unhealthy, local_fraction)
+            })
+            .await;
+        {
+            let mut last = self.rebuild_problems.lock();
+            if *last != problems {
+                for p in &problems {
+                    tracing::error!("database configuration version {}: {p}", snapshot.version);
+                }
+                *last = problems;
+            }
+        }
+        *self.table.write() = Arc::new(table);
+        *self.inbound_routes.write() = Arc::new(RouteSet::build(&self.config, &snapshot));
+        *self.snapshot.write() = snapshot;
+    }
+
+    /// Rebuilds whenever the store's snapshot changes (LISTEN/NOTIFY or the version poll).
+    pub fn spawn_snapshot_sync(self: &Arc<Self>) {
+        let Some(store) = &self.store else {
+            return;
+        };
+        let mut changes = store.snapshots().subscribe();
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                let snapshot = changes.borrow_and_update().clone();
+                let Some(gateway) = weak.upgrade() else {
+                    return;
+                };
+                if !Arc::ptr_eq(&snapshot, &gateway.snapshot()) {
+                    gateway.apply_snapshot(snapshot).await;
+                }
+                drop(gateway);
+                if changes.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
     }
 
     /// Queues a request-log row (never waits on the database).

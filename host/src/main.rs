@@ -194,13 +194,26 @@ async fn serve(config_path: &Path, listen: Option<String>) -> anyhow::Result<()>
     }
     store.spawn_sync();
     let listen = listen.unwrap_or_else(|| config.server.listen.clone());
-    let gateway = Arc::new(Gateway::new(config, routing, Some(store))?);
+    let gateway = Arc::new(Gateway::new(config, routing, Some(store.clone()))?);
+    gateway.apply_snapshot(store.snapshot()).await;
+    gateway.spawn_snapshot_sync();
     gateway.spawn_ticker();
     gateway.spawn_health_checks();
     let listener = tokio::net::TcpListener::bind(&listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
     let addr = listener.local_addr()?;
+    if !addr.ip().is_loopback() {
+        for route in gateway.inbound_routes().routes() {
+            if route.enabled && route.auth == switchyard::server::routes::RouteAuth::Disabled {
+                tracing::warn!(
+                    route = %route.name,
+                    path_prefix = %route.path_prefix,
+                    "serving without authentication on {addr}, which is not a loopback address: anyone who can reach it may spend the upstream credentials"
+                );
+            }
+        }
+    }
     for model in gateway.table().models() {
         tracing::info!(
             model = %model.config.id,

@@ -3,6 +3,9 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use sqlx::Connection;
 
 pub fn binary() -> &'static str {
     env!("CARGO_BIN_EXE_switchyard")
@@ -36,6 +39,9 @@ fn configure(cmd: &mut Command) {
             target_dir().join("strategies"),
         )
         .env_remove("SWITCHYARD_CONFIG")
+        // Most tests are not about authentication; those that are set `consumer_keys` again or
+        // declare routes.
+        .env("SWITCHYARD_DEFAULT_AUTH", "disabled")
         .env("RUST_LOG", "info,switchyard=debug");
 }
 
@@ -141,8 +147,14 @@ impl Gateway {
 
     /// Like [`Gateway::start`], with extra environment variables for the gateway process.
     pub fn start_with_env(body_yaml: &str, env: &[(&str, &str)]) -> Gateway {
+        Self::start_on(None, body_yaml, env)
+    }
+
+    /// Like [`Gateway::start_with_env`] on the database at `database_url` (a SQLite file in the
+    /// test's folder when `None`).
+    pub fn start_on(database_url: Option<&str>, body_yaml: &str, env: &[(&str, &str)]) -> Gateway {
         let dir = tempfile::tempdir().expect("tempdir");
-        let config = write_config(dir.path(), body_yaml);
+        let config = write_config_on(dir.path(), database_url, body_yaml);
         let mut cmd = Command::new(binary());
         cmd.args(["serve", "--config"])
             .arg(&config)
@@ -196,11 +208,16 @@ impl Drop for Gateway {
 /// Writes `config.yaml` with a SQLite file in `dir` and returns its path. The listen address comes
 /// from `--listen`, so `body_yaml` may have its own `server:` section.
 pub fn write_config(dir: &Path, body_yaml: &str) -> PathBuf {
+    write_config_on(dir, None, body_yaml)
+}
+
+/// [`write_config`] with the database at `database_url` instead.
+pub fn write_config_on(dir: &Path, database_url: Option<&str>, body_yaml: &str) -> PathBuf {
     let path = dir.join("config.yaml");
-    let text = format!(
-        "database:\n  url: \"sqlite://{}\"\n{body_yaml}",
-        dir.join("switchyard.db").display()
-    );
+    let url = database_url
+        .map(str::to_owned)
+        .unwrap_or_else(|| format!("sqlite://{}", dir.join("switchyard.db").display()));
+    let text = format!("database:\n  url: \"{url}\"\n{body_yaml}");
     std::fs::write(&path, text).expect("write config");
     path
 }
@@ -222,4 +239,108 @@ pub fn chat_body(model: &str, stream: bool) -> serde_json::Value {
         "stream": stream,
         "messages": [{ "role": "user", "content": "Say hello." }],
     })
+}
+
+/// Tests that use PostgreSQL hold this shared; a test that restarts the server holds it
+/// exclusively, so no other test sees the outage.
+pub static POSTGRES_IN_USE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+/// The test server's URL: `SWITCHYARD_TEST_PG_URL`, else the machine's local server.
+pub fn postgres_base_url() -> String {
+    std::env::var("SWITCHYARD_TEST_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// A fresh schema in the test database, dropped on drop.
+pub struct PgSchema {
+    base: String,
+    name: String,
+    pub url: String,
+    /// Held while the schema lives, so a test restarting the server waits for the others.
+    _shared: Option<tokio::sync::RwLockReadGuard<'static, ()>>,
+}
+
+impl PgSchema {
+    pub async fn create() -> PgSchema {
+        let shared = POSTGRES_IN_USE.read().await;
+        let mut schema = Self::create_unguarded().await;
+        schema._shared = Some(shared);
+        schema
+    }
+
+    /// A schema for a test that holds [`POSTGRES_IN_USE`] exclusively itself.
+    pub async fn create_unguarded() -> PgSchema {
+        let base = postgres_base_url();
+        let name = format!("sy_e2e_{:016x}", rand::random::<u64>());
+        let mut conn =
+            match tokio::time::timeout(Duration::from_secs(10), sqlx::PgConnection::connect(&base))
+                .await
+            {
+                Ok(Ok(c)) => c,
+                Ok(Err(e)) => panic!(
+                    "PostgreSQL is unreachable at {base}: {e}\nStart it with \
+                 `pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start`."
+                ),
+                Err(_) => panic!("PostgreSQL at {base} did not answer within 10 s"),
+            };
+        sqlx::query(&format!("CREATE SCHEMA {name}"))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        let url = format!("{base}?options=-c%20search_path%3D{name}");
+        PgSchema {
+            base,
+            name,
+            url,
+            _shared: None,
+        }
+    }
+}
+
+impl Drop for PgSchema {
+    fn drop(&mut self) {
+        let (base, name) = (self.base.clone(), self.name.clone());
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                if let Ok(mut conn) = sqlx::PgConnection::connect(&base).await {
+                    let _ = sqlx::query(&format!("DROP SCHEMA IF EXISTS {name} CASCADE"))
+                        .execute(&mut conn)
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// Restarts the machine's PostgreSQL cluster and waits until it accepts connections again.
+/// Callers hold [`POSTGRES_IN_USE`] exclusively.
+pub fn restart_postgres() {
+    let versions: Vec<String> = std::fs::read_dir("/etc/postgresql")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    let version = versions
+        .first()
+        .expect("a PostgreSQL cluster under /etc/postgresql");
+    let status = Command::new("pg_ctlcluster")
+        .args(["--skip-systemctl-redirect", version, "main", "restart"])
+        .status()
+        .expect("run pg_ctlcluster");
+    assert!(status.success(), "pg_ctlcluster restart failed: {status}");
+    let start = std::time::Instant::now();
+    while std::net::TcpStream::connect("127.0.0.1:5432").is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "PostgreSQL did not come back"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

@@ -18,59 +18,9 @@ use switchyard::config::Config;
 use switchyard::gateway::{Gateway, Routing};
 use switchyard::store::Store;
 
+use crate::harness::PgSchema;
+
 const TOKEN: &str = "e2e-admin-token";
-
-/// A fresh schema in the test database, dropped on drop.
-struct PgSchema {
-    base: String,
-    name: String,
-    url: String,
-}
-
-impl PgSchema {
-    async fn create() -> PgSchema {
-        let base = std::env::var("SWITCHYARD_TEST_PG_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-        let name = format!("sy_e2e_{:016x}", rand::random::<u64>());
-        let mut conn =
-            match tokio::time::timeout(Duration::from_secs(10), sqlx::PgConnection::connect(&base))
-                .await
-            {
-                Ok(Ok(c)) => c,
-                Ok(Err(e)) => panic!(
-                    "PostgreSQL is unreachable at {base}: {e}\nStart it with \
-                 `pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start`."
-                ),
-                Err(_) => panic!("PostgreSQL at {base} did not answer within 10 s"),
-            };
-        sqlx::query(&format!("CREATE SCHEMA {name}"))
-            .execute(&mut conn)
-            .await
-            .unwrap();
-        let url = format!("{base}?options=-c%20search_path%3D{name}");
-        PgSchema { base, name, url }
-    }
-}
-
-impl Drop for PgSchema {
-    fn drop(&mut self) {
-        let (base, name) = (self.base.clone(), self.name.clone());
-        let _ = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async {
-                if let Ok(mut conn) = sqlx::PgConnection::connect(&base).await {
-                    let _ = sqlx::query(&format!("DROP SCHEMA IF EXISTS {name} CASCADE"))
-                        .execute(&mut conn)
-                        .await;
-                }
-            });
-        })
-        .join();
-    }
-}
 
 /// One gateway with its own store on `url`, serving the management API on loopback.
 struct Node {

@@ -374,7 +374,10 @@ async fn every_resource_round_trips_over_http() {
         )
         .await;
     let pvid = provider["id"].as_str().unwrap();
-    assert_eq!(provider["default_capabilities"], json!(["messages"]));
+    assert_eq!(
+        provider["default_capabilities"],
+        json!(["chat_completions", "responses", "messages"])
+    );
     let (_, provider) = s
         .patch(
             &format!("/admin/providers/{pvid}"),

@@ -11,8 +11,8 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use endpoint_id::endpoint_id;
-pub use raw::{Capability, ProviderKind};
+pub use endpoint_id::{endpoint_id, is_loopback};
+pub use raw::{Capability, DefaultAuth, ProviderKind};
 
 /// A config that could not be loaded. The message always names the file.
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +49,10 @@ pub enum ConfigError {
     },
 }
 
+/// The group of upstreams and routes that declare none, and the group callers without any group
+/// constraint may use.
+pub const DEFAULT_GROUP: &str = "default";
+
 /// The validated, runtime form of the config.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -61,6 +65,8 @@ pub struct Config {
     pub upstream: UpstreamConfig,
     pub health: crate::routing::health::HealthConfig,
     pub models: Vec<ModelConfig>,
+    /// Inbound routes declared in the file, validated like the database's (ids `yaml:NAME`).
+    pub routes: Vec<crate::store::model::Route>,
 }
 
 #[derive(Debug, Clone)]
@@ -68,6 +74,18 @@ pub struct ServerConfig {
     pub listen: String,
     pub admin_token: Option<String>,
     pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// Authentication of the implicit `/` route (no route declared anywhere).
+    pub default_auth: DefaultAuth,
+    /// `max_attempts` of the implicit route.
+    pub default_max_attempts: usize,
+    pub max_body_bytes: usize,
+}
+
+/// The strategy of models that exist only in the database.
+#[derive(Debug, Clone)]
+pub struct DatabaseModelsConfig {
+    pub router: String,
+    pub router_params: serde_json::Value,
 }
 
 #[derive(Debug, Clone)]
@@ -87,6 +105,7 @@ pub struct RoutingConfig {
     pub health_check: Option<HealthCheckConfig>,
     pub affinity: crate::routing::affinity::AffinityConfig,
     pub prefill: crate::routing::prefill::PrefillConfig,
+    pub database_models: DatabaseModelsConfig,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -133,6 +152,10 @@ pub struct RouteConfig {
     /// Why `weight` is 0, when it was set to 0 by something other than the config.
     pub weight_note: Option<&'static str>,
     pub priority: i32,
+    /// The upstream group (`default` unless declared); callers limited to other groups skip it.
+    pub group: String,
+    /// The least role a caller needs for this route's key (database keys carry one).
+    pub min_role: crate::store::model::Role,
     pub input_modalities: Vec<String>,
     pub pricing: Option<raw::RawPricing>,
     pub local_deployment: bool,
@@ -313,6 +336,12 @@ fn validate(
                 declared_weight: r.weight,
                 weight_note: None,
                 priority: r.priority,
+                group: match r.group.as_deref().map(str::trim) {
+                    None => DEFAULT_GROUP.to_owned(),
+                    Some("") => return Err(invalid(rat("group"), "must not be empty".into())),
+                    Some(g) => g.to_owned(),
+                },
+                min_role: crate::store::model::Role::Free,
                 input_modalities: r.input_modalities.unwrap_or_else(|| vec!["text".into()]),
                 pricing: r.pricing,
                 local_deployment: r.local_deployment.unwrap_or(is_loopback),
@@ -375,6 +404,71 @@ fn validate(
         trusted_proxies.push(net);
     }
     let (affinity, prefill) = affinity_and_prefill(path, &raw.routing, env)?;
+    let mut routes = Vec::with_capacity(raw.routes.len());
+    let mut prefixes: HashSet<String> = HashSet::new();
+    for (i, r) in raw.routes.into_iter().enumerate() {
+        let name = r.name.clone();
+        let at = |field: &str| format!("routes[{i}] ({name}).{field}");
+        let route = r
+            .into_route(format!("yaml:{name}"), 0)
+            .map_err(|e| match e {
+                crate::store::StoreError::Invalid { field, message } => {
+                    invalid(at(&field), message)
+                }
+                other => invalid(at("name"), other.to_string()),
+            })?;
+        if routes
+            .iter()
+            .any(|r: &crate::store::model::Route| r.name == route.name)
+        {
+            return Err(invalid(at("name"), "another route has this name".into()));
+        }
+        if !prefixes.insert(route.path_prefix.clone()) {
+            return Err(invalid(
+                at("path_prefix"),
+                format!("`{}` is already used by another route", route.path_prefix),
+            ));
+        }
+        routes.push(route);
+    }
+    let default_auth = pick(
+        path,
+        env,
+        "SWITCHYARD_DEFAULT_AUTH",
+        raw.server.default_auth,
+        DefaultAuth::ConsumerKeys,
+    )?;
+    let default_max_attempts = raw.server.default_max_attempts.unwrap_or(2);
+    if !(1..=10).contains(&default_max_attempts) {
+        return Err(invalid(
+            "server.default_max_attempts".into(),
+            format!("must be between 1 and 10, got {default_max_attempts}"),
+        ));
+    }
+    let database_models = {
+        let d = raw.routing.database_models;
+        let router = d
+            .router
+            .map(|r| r.trim().to_owned())
+            .unwrap_or_else(|| "fixed".to_owned());
+        let router_params = match d.router_params {
+            Some(v @ serde_json::Value::Object(_)) => v,
+            None | Some(serde_json::Value::Null) if router == "fixed" => {
+                serde_json::json!({ "fallback_order": "weighted" })
+            }
+            None | Some(serde_json::Value::Null) => serde_json::Value::Object(Default::default()),
+            Some(_) => {
+                return Err(invalid(
+                    "routing.database_models.router_params".into(),
+                    "must be a mapping of parameter names to values".into(),
+                ));
+            }
+        };
+        DatabaseModelsConfig {
+            router,
+            router_params,
+        }
+    };
     let admin_token = env("SWITCHYARD_ADMIN_TOKEN")
         .or(raw.server.admin_token)
         .filter(|t| !t.trim().is_empty());
@@ -386,6 +480,9 @@ fn validate(
             listen: raw.server.listen,
             admin_token,
             trusted_proxies,
+            default_auth,
+            default_max_attempts: default_max_attempts as usize,
+            max_body_bytes: (raw.server.max_body_mib.unwrap_or(32).max(1) as usize) << 20,
         },
         database_url: raw.database.url,
         strategies: StrategiesConfig {
@@ -405,6 +502,7 @@ fn validate(
             health_check,
             affinity,
             prefill,
+            database_models,
         },
         health,
         upstream: UpstreamConfig {
@@ -413,6 +511,7 @@ fn validate(
             request_timeout: Duration::from_secs(u.request_timeout_seconds.unwrap_or(600)),
         },
         models,
+        routes,
     })
 }
 

@@ -21,6 +21,9 @@ pub struct RawConfig {
     pub upstream: RawUpstream,
     #[serde(default)]
     pub health: RawHealth,
+    /// Inbound routes (path prefixes and their authentication), beside those in the database.
+    #[serde(default)]
+    pub routes: Vec<crate::store::model::NewRoute>,
     #[serde(default)]
     pub models: Vec<RawModel>,
 }
@@ -35,6 +38,36 @@ pub struct RawServer {
     /// Peers (addresses or CIDR ranges) whose `X-Forwarded-For` is believed.
     #[serde(default)]
     pub trusted_proxies: Vec<String>,
+    /// Authentication of the implicit `/` route used when no route is declared anywhere;
+    /// `SWITCHYARD_DEFAULT_AUTH` wins when set.
+    #[serde(default)]
+    pub default_auth: Option<DefaultAuth>,
+    /// `max_attempts` of that implicit route (default 2).
+    pub default_max_attempts: Option<i64>,
+    /// Largest request body accepted, in MiB (default 32: room for base64 images).
+    pub max_body_mib: Option<u64>,
+}
+
+/// How the implicit route authenticates callers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DefaultAuth {
+    /// Consumer API keys from the database: secure by default.
+    #[default]
+    ConsumerKeys,
+    /// Anyone who can reach the port may call.
+    Disabled,
+}
+
+impl std::str::FromStr for DefaultAuth {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Self, ()> {
+        match s.trim() {
+            "consumer_keys" => Ok(DefaultAuth::ConsumerKeys),
+            "disabled" => Ok(DefaultAuth::Disabled),
+            _ => Err(()),
+        }
+    }
 }
 
 impl Default for RawServer {
@@ -43,6 +76,9 @@ impl Default for RawServer {
             listen: default_listen(),
             admin_token: None,
             trusted_proxies: Vec::new(),
+            default_auth: None,
+            default_max_attempts: None,
+            max_body_mib: None,
         }
     }
 }
@@ -101,6 +137,19 @@ pub struct RawRouting {
     pub affinity: RawAffinity,
     #[serde(default)]
     pub prefill: RawPrefill,
+    /// The strategy of models that exist only in the database (`upstream_models`).
+    #[serde(default)]
+    pub database_models: RawDatabaseModels,
+}
+
+/// How models known only from the database are routed.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDatabaseModels {
+    /// Strategy name; `fixed` when absent.
+    pub router: Option<String>,
+    /// Its params; for `fixed`, `{fallback_order: weighted}` when absent.
+    pub router_params: Option<serde_json::Value>,
 }
 
 /// Session affinity knobs; the environment variables named on each field win.
@@ -142,6 +191,7 @@ impl Default for RawRouting {
             health_check: None,
             affinity: RawAffinity::default(),
             prefill: RawPrefill::default(),
+            database_models: RawDatabaseModels::default(),
         }
     }
 }
@@ -235,6 +285,9 @@ pub struct RawRoute {
     pub api_key: Option<String>,
     #[serde(default)]
     pub priority: i32,
+    /// The upstream group this route belongs to; callers restricted to other groups never reach
+    /// it.
+    pub group: Option<String>,
     pub input_modalities: Option<Vec<String>>,
     pub pricing: Option<RawPricing>,
     /// Marks a non-loopback deployment as local for deployment-level weight policies.
@@ -245,45 +298,35 @@ pub struct RawRoute {
     pub capabilities: Option<Vec<Capability>>,
 }
 
-/// An inbound call a route can serve.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Deserialize, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Capability {
-    /// `/v1/chat/completions`
-    #[default]
-    ChatCompletions,
-    /// `/v1/responses`
-    Responses,
-    /// `/v1/messages`
-    Messages,
-    /// `/v1/embeddings`
-    Embeddings,
+pub use crate::store::model::Capability;
+
+impl ProviderKind {
+    /// What a provider of this kind serves unless a route says otherwise: the same defaults as a
+    /// database provider of the matching protocol.
+    pub fn default_capabilities(self) -> Vec<Capability> {
+        crate::store::model::Protocol::from(self).default_capabilities()
+    }
 }
 
-impl Capability {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Capability::ChatCompletions => "chat_completions",
-            Capability::Responses => "responses",
-            Capability::Messages => "messages",
-            Capability::Embeddings => "embeddings",
+impl From<ProviderKind> for crate::store::model::Protocol {
+    fn from(kind: ProviderKind) -> Self {
+        use crate::store::model::Protocol;
+        match kind {
+            ProviderKind::OpenaiCompat => Protocol::OpenaiCompat,
+            ProviderKind::OpenaiResponses => Protocol::OpenaiResponses,
+            ProviderKind::Anthropic => Protocol::Anthropic,
         }
     }
 }
 
-impl ProviderKind {
-    /// What a provider of this kind serves unless a route says otherwise: every chat dialect
-    /// (through translation), and embeddings for OpenAI-compatible servers only.
-    pub fn default_capabilities(self) -> Vec<Capability> {
-        let mut caps = vec![
-            Capability::ChatCompletions,
-            Capability::Responses,
-            Capability::Messages,
-        ];
-        if self == ProviderKind::OpenaiCompat {
-            caps.push(Capability::Embeddings);
+impl From<crate::store::model::Protocol> for ProviderKind {
+    fn from(protocol: crate::store::model::Protocol) -> Self {
+        use crate::store::model::Protocol;
+        match protocol {
+            Protocol::OpenaiCompat => ProviderKind::OpenaiCompat,
+            Protocol::OpenaiResponses => ProviderKind::OpenaiResponses,
+            Protocol::Anthropic => ProviderKind::Anthropic,
         }
-        caps
     }
 }
 

@@ -78,6 +78,9 @@ pub struct Behaviour {
     pub tokens_per_s: Option<f64>,
     /// `GET /health` answers 503 when true.
     pub unhealthy: bool,
+    /// Credentials (the bearer token or `x-api-key`, without `Bearer `) answered with this status,
+    /// as a provider rejects one key of a pool.
+    pub fail_credentials: BTreeMap<String, u16>,
 }
 
 /// What the mock received, for assertions.
@@ -97,6 +100,8 @@ pub struct Stats {
     pub last_path: Option<String>,
     /// Requests per path, including ones answered 404 because of `--protocol`.
     pub paths: BTreeMap<String, u64>,
+    /// Chat and embedding requests per credential (without `Bearer `; `none` without one).
+    pub requests_by_credential: BTreeMap<String, u64>,
 }
 
 struct MockState {
@@ -247,10 +252,22 @@ fn admit(
         (None, Some(k)) => (Some(k), Some("x-api-key")),
         (None, None) => (None, None),
     };
+    let credential = auth
+        .as_deref()
+        .map(|a| a.strip_prefix("Bearer ").unwrap_or(a).to_owned())
+        .unwrap_or_else(|| "none".to_owned());
+    *stats
+        .requests_by_credential
+        .entry(credential.clone())
+        .or_default() += 1;
     stats.last_authorization = auth;
     stats.last_auth_header = auth_header.map(str::to_owned);
     stats.last_anthropic_version = header("anthropic-version");
     let mut behaviour = state.behaviour.lock();
+    if let Some(&status) = behaviour.fail_credentials.get(&credential) {
+        stats.failed_on_command += 1;
+        return Err((status, "this credential is rejected on command".to_owned()));
+    }
     if let Some(status) = behaviour.fail_status {
         let applies = match behaviour.fail_count.as_mut() {
             None => true,

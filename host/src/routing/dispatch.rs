@@ -104,6 +104,18 @@ fn admit(
     ticket
 }
 
+/// Records the routes left untried because the inbound route's `max_attempts` ran out.
+fn not_tried(excluded: &mut Vec<Exclusion>, routes: &[RouteConfig], rest: &[usize], max: usize) {
+    for &p in rest {
+        if let Some(route) = routes.get(p) {
+            excluded.push(Exclusion {
+                endpoint_id: route.endpoint_id.clone(),
+                reason: format!("not tried: max_attempts ({max}) reached"),
+            });
+        }
+    }
+}
+
 /// What a failed attempt says about the endpoint's health.
 fn outcome_of(e: &AttemptError) -> Outcome {
     match e {
@@ -167,9 +179,14 @@ pub fn upstream_dialect(kind: ProviderKind) -> Dialect {
     }
 }
 
-/// The URL and credential style of a call to `route` in `dialect`.
-fn endpoint(route: &RouteConfig, dialect: Dialect) -> (String, UpstreamAuth<'_>) {
-    let key = route.api_key.as_deref();
+/// The URL and credential of a call to `route` in `dialect`; `credential` (a pass-through
+/// route's client key) replaces the route's own key.
+fn endpoint<'a>(
+    route: &'a RouteConfig,
+    dialect: Dialect,
+    credential: Option<&'a str>,
+) -> (String, UpstreamAuth<'a>) {
+    let key = credential.or(route.api_key.as_deref());
     match dialect {
         // Anthropic base URLs conventionally stop before `/v1`.
         Dialect::AnthropicMessages => {
@@ -225,7 +242,11 @@ pub async fn chat(
     let mut failed: Vec<FailedAttempt> = Vec::new();
     let mut excluded = plan.excluded.clone();
     let routes = model.routes();
-    for &position in &plan.order {
+    for (n, &position) in plan.order.iter().enumerate() {
+        if failed.len() >= plan.max_attempts {
+            not_tried(&mut excluded, routes, &plan.order[n..], plan.max_attempts);
+            break;
+        }
         let Some(route) = routes.get(position) else {
             continue;
         };
@@ -244,7 +265,7 @@ pub async fn chat(
             .prefill
             .acquire(caller.clone(), &route.endpoint_id, uncached);
         let dialect = upstream_dialect(route.kind);
-        let (url, auth) = endpoint(route, dialect);
+        let (url, auth) = endpoint(route, dialect, plan.credential.as_deref());
         let body = upstream_body(inbound, route, dialect);
         let attempt = match client.post_json(&url, auth, body).await {
             Ok(response) if inbound.request.stream => {
@@ -359,7 +380,16 @@ pub async fn embeddings(
 ) -> Result<(Bytes, Attribution), DispatchError> {
     let mut failed = Vec::new();
     let mut excluded = plan.excluded.clone();
-    for &position in &plan.order {
+    for (n, &position) in plan.order.iter().enumerate() {
+        if failed.len() >= plan.max_attempts {
+            not_tried(
+                &mut excluded,
+                model.routes(),
+                &plan.order[n..],
+                plan.max_attempts,
+            );
+            break;
+        }
         let Some(route) = model.routes().get(position) else {
             continue;
         };
@@ -375,7 +405,7 @@ pub async fn embeddings(
         let sent = client
             .post_json(
                 &url,
-                UpstreamAuth::Bearer(route.api_key.as_deref()),
+                UpstreamAuth::Bearer(plan.credential.as_deref().or(route.api_key.as_deref())),
                 serde_json::to_vec(&upstream).unwrap_or_default(),
             )
             .await;

@@ -2,6 +2,7 @@
 //! with fallback.
 
 pub mod affinity;
+pub mod db_models;
 pub mod dispatch;
 pub mod health;
 pub mod policy;

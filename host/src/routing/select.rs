@@ -25,6 +25,10 @@ pub struct RequestFacts {
     pub modalities: Modalities,
     /// The inbound call; routes that cannot serve it are not candidates.
     pub call: Capability,
+    /// The upstream groups the caller may reach; `None` (internal traffic) reaches all.
+    pub groups: Option<std::sync::Arc<[String]>>,
+    /// How many routes may be tried (the inbound route's `max_attempts`); `None`: all of them.
+    pub max_attempts: Option<usize>,
 }
 
 /// A route left out before or during dispatch, and why.
@@ -89,6 +93,10 @@ pub struct Plan {
     pub affinity_endpoint: Option<String>,
     /// What session affinity did for this request.
     pub affinity: AffinityUse,
+    /// At most this many routes are tried.
+    pub max_attempts: usize,
+    /// On pass-through routes, the client's own credential, used instead of every route's key.
+    pub credential: Option<std::sync::Arc<str>>,
 }
 
 /// How session affinity took part in a selection.
@@ -147,11 +155,21 @@ pub async fn select_at(
     let routes = model.routes();
     let mut excluded = Vec::new();
 
-    // 1. Capabilities, then modalities.
+    // 1. Groups, capabilities, then modalities.
     let mut admitted: Vec<&RouteConfig> = Vec::with_capacity(routes.len());
     let mut missing_everywhere: Vec<&'static str> = Vec::new();
     let mut capable = 0;
+    let max_attempts = facts.max_attempts.unwrap_or(usize::MAX).max(1);
     for route in routes {
+        if let Some(groups) = &facts.groups
+            && !groups.contains(&route.group)
+        {
+            excluded.push(Exclusion {
+                endpoint_id: route.endpoint_id.clone(),
+                reason: format!("group `{}` is not open to this caller", route.group),
+            });
+            continue;
+        }
         if !route.capabilities.contains(&facts.call) {
             excluded.push(Exclusion {
                 endpoint_id: route.endpoint_id.clone(),
@@ -204,6 +222,8 @@ pub async fn select_at(
                 excluded,
                 affinity_endpoint: None,
                 affinity: AffinityUse::None,
+                max_attempts: 1,
+                credential: None,
             }),
             Some(route) => Err(SelectionError::NoAdmissibleRoute {
                 model: model.id().to_owned(),
@@ -354,6 +374,8 @@ pub async fn select_at(
         excluded,
         affinity_endpoint,
         affinity,
+        max_attempts,
+        credential: None,
     })
 }
 

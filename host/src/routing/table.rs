@@ -60,33 +60,6 @@ impl RouteTable {
         let mut table = RouteTable::default();
         for (mi, model) in config.models.iter().enumerate() {
             let at = format!("{file}: models[{mi}] ({})", model.id);
-            let strategy = match catalog.get(&model.router) {
-                Some(CatalogEntry::Loaded(s)) => s.clone(),
-                Some(CatalogEntry::Missing(m)) => {
-                    problems.push(format!(
-                        "{at}.router: strategy `{}` is unavailable: {}",
-                        model.router, m.reason
-                    ));
-                    continue;
-                }
-                None => {
-                    problems.push(format!(
-                        "{at}.router: unknown strategy `{}`; known strategies: {}",
-                        model.router,
-                        catalog.names().join(", ")
-                    ));
-                    continue;
-                }
-            };
-            if let Err(errors) = strategy.validate_params(&model.router_params) {
-                for e in errors {
-                    problems.push(format!(
-                        "{at}.router_params: strategy `{}` rejects the params: {e}",
-                        strategy.name
-                    ));
-                }
-                continue;
-            }
             let mut model = model.clone();
             policy::apply(
                 &mut model,
@@ -94,22 +67,9 @@ impl RouteTable {
                 &HashSet::new(),
                 config.routing.local_fraction,
             );
-            let routes = wit_routes(&model.routes);
-            match ModelRouter::new(
-                engine,
-                strategy.clone(),
-                &model.id,
-                &model.router_params,
-                routes,
-            )
-            .await
-            {
+            match new_router(&model, &at, engine, catalog).await {
                 Ok(router) => table.insert(model, Arc::new(router)),
-                Err(StrategyError::Rejected { message, .. }) => problems.push(format!(
-                    "{at}.router_params: strategy `{}` rejects the params: {message}",
-                    strategy.name
-                )),
-                Err(e) => problems.push(format!("{at}.router: {e}")),
+                Err(mut p) => problems.append(&mut p),
             }
         }
         if problems.is_empty() {
@@ -117,6 +77,65 @@ impl RouteTable {
         } else {
             Err(RouteTableError { problems })
         }
+    }
+
+    /// A table serving `models`, with `apply_policy` run on each. A model whose strategy and
+    /// params are unchanged keeps its router (and its learned state); the router gets the new
+    /// route list when that changed. Models that cannot be built are left out and described in
+    /// the returned problems.
+    pub async fn rebuild(
+        &self,
+        models: Vec<ModelConfig>,
+        engine: &StrategyEngine,
+        catalog: &StrategyCatalog,
+        apply_policy: impl Fn(&mut ModelConfig),
+    ) -> (RouteTable, Vec<String>) {
+        let mut problems = Vec::new();
+        let mut table = RouteTable::default();
+        for mut model in models {
+            apply_policy(&mut model);
+            if table.resolve(&model.id).is_some() {
+                problems.push(format!(
+                    "model `{}` is declared twice; the first one is served",
+                    model.id
+                ));
+                continue;
+            }
+            let reusable = self.models.get(&model.id).filter(|old| {
+                old.config.router == model.router && old.config.router_params == model.router_params
+            });
+            let router = match reusable {
+                Some(old) => {
+                    if wit_routes(old.routes()) != wit_routes(&model.routes) {
+                        old.router
+                            .refresh_route_table(wit_routes(&model.routes))
+                            .await
+                            .map_err(|e| {
+                                tracing::warn!(model = %model.id, "pushing the new route table failed: {e}")
+                            })
+                            .ok();
+                    }
+                    old.router.clone()
+                }
+                None => {
+                    let at = format!("model `{}`", model.id);
+                    match new_router(&model, &at, engine, catalog).await {
+                        Ok(router) => Arc::new(router),
+                        Err(mut p) => {
+                            problems.append(&mut p);
+                            continue;
+                        }
+                    }
+                }
+            };
+            table.insert(model, router);
+        }
+        (table, problems)
+    }
+
+    /// The configs of every model, in order (what a rebuild starts from).
+    pub fn model_configs(&self) -> Vec<ModelConfig> {
+        self.models().map(|m| m.config.clone()).collect()
     }
 
     fn insert(&mut self, config: ModelConfig, router: Arc<ModelRouter>) {
@@ -165,6 +184,59 @@ impl RouteTable {
             .filter(|m| m.config.published)
             .map(|m| m.config.routes.len())
             .sum()
+    }
+}
+
+/// Validates a model's strategy and params and instantiates its router; `at` prefixes problems.
+async fn new_router(
+    model: &ModelConfig,
+    at: &str,
+    engine: &StrategyEngine,
+    catalog: &StrategyCatalog,
+) -> Result<ModelRouter, Vec<String>> {
+    let strategy = match catalog.get(&model.router) {
+        Some(CatalogEntry::Loaded(s)) => s.clone(),
+        Some(CatalogEntry::Missing(m)) => {
+            return Err(vec![format!(
+                "{at}.router: strategy `{}` is unavailable: {}",
+                model.router, m.reason
+            )]);
+        }
+        None => {
+            return Err(vec![format!(
+                "{at}.router: unknown strategy `{}`; known strategies: {}",
+                model.router,
+                catalog.names().join(", ")
+            )]);
+        }
+    };
+    if let Err(errors) = strategy.validate_params(&model.router_params) {
+        return Err(errors
+            .into_iter()
+            .map(|e| {
+                format!(
+                    "{at}.router_params: strategy `{}` rejects the params: {e}",
+                    strategy.name
+                )
+            })
+            .collect());
+    }
+    let routes = wit_routes(&model.routes);
+    match ModelRouter::new(
+        engine,
+        strategy.clone(),
+        &model.id,
+        &model.router_params,
+        routes,
+    )
+    .await
+    {
+        Ok(router) => Ok(router),
+        Err(StrategyError::Rejected { message, .. }) => Err(vec![format!(
+            "{at}.router_params: strategy `{}` rejects the params: {message}",
+            strategy.name
+        )]),
+        Err(e) => Err(vec![format!("{at}.router: {e}")]),
     }
 }
 

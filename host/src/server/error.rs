@@ -22,6 +22,24 @@ pub enum GatewayError {
     /// Every attempted route failed.
     #[error(transparent)]
     AllAttemptsFailed(#[from] DispatchError),
+    /// The route checks credentials and the request's did not pass.
+    #[error(transparent)]
+    Unauthorized(#[from] super::auth::AuthError),
+    /// No route serves this path, or the path names no endpoint.
+    #[error("no such endpoint: {0}")]
+    NotFound(String),
+    /// The longest matching route is disabled.
+    #[error("the route `{0}` is disabled")]
+    RouteDisabled(String),
+    /// The endpoint exists but not for this method.
+    #[error("{path} accepts {allowed} only")]
+    MethodNotAllowed { path: String, allowed: &'static str },
+    /// The body is larger than `server.max_body_mib`.
+    #[error("the request body exceeds the {0} MiB limit")]
+    BodyTooLarge(usize),
+    /// The model exists, but none of its upstreams is in a group this caller may use.
+    #[error("The model `{model}` is not available to this API key (its upstream groups: {groups})")]
+    ModelNotInGroups { model: String, groups: String },
 }
 
 impl GatewayError {
@@ -29,6 +47,12 @@ impl GatewayError {
         match self {
             GatewayError::InvalidBody(_) => StatusCode::BAD_REQUEST,
             GatewayError::ModelNotFound(_) => StatusCode::NOT_FOUND,
+            GatewayError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            GatewayError::NotFound(_)
+            | GatewayError::RouteDisabled(_)
+            | GatewayError::ModelNotInGroups { .. } => StatusCode::NOT_FOUND,
+            GatewayError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            GatewayError::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             GatewayError::NoRoute(SelectionError::PinNotFound { .. }) => StatusCode::BAD_REQUEST,
             GatewayError::NoRoute(_) => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::AllAttemptsFailed(e) => match e.primary() {
@@ -56,9 +80,15 @@ impl GatewayError {
 
     fn openai_type(&self) -> &'static str {
         match self {
-            GatewayError::InvalidBody(_) | GatewayError::ModelNotFound(_) => {
-                "invalid_request_error"
-            }
+            GatewayError::InvalidBody(_)
+            | GatewayError::ModelNotFound(_)
+            | GatewayError::NotFound(_)
+            | GatewayError::RouteDisabled(_)
+            | GatewayError::MethodNotAllowed { .. }
+            | GatewayError::BodyTooLarge(_)
+            | GatewayError::ModelNotInGroups { .. } => "invalid_request_error",
+            // OpenAI's own 401s are `invalid_request_error` with code `invalid_api_key`.
+            GatewayError::Unauthorized(_) => "invalid_request_error",
             GatewayError::NoRoute(SelectionError::PinNotFound { .. }) => "invalid_request_error",
             GatewayError::NoRoute(_) => "service_unavailable",
             GatewayError::AllAttemptsFailed(_) => "upstream_error",
@@ -68,7 +98,15 @@ impl GatewayError {
     fn code(&self) -> &'static str {
         match self {
             GatewayError::InvalidBody(_) => "invalid_body",
-            GatewayError::ModelNotFound(_) => "model_not_found",
+            GatewayError::ModelNotFound(_) | GatewayError::ModelNotInGroups { .. } => {
+                "model_not_found"
+            }
+            GatewayError::Unauthorized(super::auth::AuthError::Missing) => "missing_api_key",
+            GatewayError::Unauthorized(_) => "invalid_api_key",
+            GatewayError::NotFound(_) => "not_found",
+            GatewayError::RouteDisabled(_) => "route_disabled",
+            GatewayError::MethodNotAllowed { .. } => "method_not_allowed",
+            GatewayError::BodyTooLarge(_) => "request_too_large",
             GatewayError::NoRoute(SelectionError::PinNotFound { .. }) => "pin_not_found",
             GatewayError::NoRoute(SelectionError::MissingModality { .. }) => "unsupported_modality",
             GatewayError::NoRoute(_) => "no_available_route",
@@ -105,8 +143,10 @@ impl GatewayError {
             GatewayError::NoRoute(SelectionError::PinNotFound { endpoints, .. }) => {
                 error["endpoints"] = serde_json::to_value(endpoints).unwrap_or_default();
             }
-            GatewayError::ModelNotFound(_) => error["param"] = "model".into(),
-            GatewayError::InvalidBody(_) => {}
+            GatewayError::ModelNotFound(_) | GatewayError::ModelNotInGroups { .. } => {
+                error["param"] = "model".into()
+            }
+            _ => {}
         }
         serde_json::json!({ "error": error })
     }

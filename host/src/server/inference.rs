@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::{ConnectInfo, State};
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
@@ -18,40 +18,120 @@ use crate::routing::select::{self, RequestFacts};
 use crate::routing::table::ModelEntry;
 use crate::store::api_log::ApiLogRow;
 
+use super::auth::{self, Principal};
+use super::routes::{Endpoint, RouteMatch};
 use super::{GatewayError, admin, attributed_row, caller, clamp_i32, log_request};
 
-pub async fn chat_completions(
-    State(gateway): State<Arc<Gateway>>,
-    extensions: axum::http::Extensions,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    chat(gateway, Dialect::OpenAiChat, extensions, headers, body).await
+/// What authentication and the inbound route decided for one request.
+struct Admission {
+    principal: Principal,
+    max_attempts: usize,
+    route_name: String,
 }
 
-pub async fn responses(
-    State(gateway): State<Arc<Gateway>>,
-    extensions: axum::http::Extensions,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    chat(gateway, Dialect::OpenAiResponses, extensions, headers, body).await
+impl Admission {
+    /// Routing facts common to every endpoint.
+    fn facts(&self, caller: &caller::Caller, call: Capability) -> RequestFacts {
+        RequestFacts {
+            caller: caller.key.clone(),
+            caller_hash: caller.hash,
+            call,
+            groups: Some(self.principal.groups.clone()),
+            max_attempts: Some(self.max_attempts),
+            ..RequestFacts::default()
+        }
+    }
+
+    /// The request-log fields that come from the route and the caller.
+    fn log_row(&self) -> ApiLogRow {
+        ApiLogRow {
+            route: Some(self.route_name.clone()),
+            consumer: self.principal.consumer_name.clone(),
+            ..ApiLogRow::default()
+        }
+    }
+
+    fn credential(&self) -> Option<Arc<str>> {
+        self.principal.upstream_credential.as_deref().map(Arc::from)
+    }
 }
 
-pub async fn messages(
+/// Every inference path: finds the inbound route by longest prefix, the endpoint by the rest of
+/// the path, authenticates, and hands over to the endpoint. Errors come in the protocol of the
+/// endpoint asked for (Anthropic's shape under `/messages`).
+pub async fn handle(
     State(gateway): State<Arc<Gateway>>,
-    extensions: axum::http::Extensions,
-    headers: HeaderMap,
-    body: Bytes,
+    request: axum::extract::Request,
 ) -> Response {
-    chat(
-        gateway,
-        Dialect::AnthropicMessages,
-        extensions,
-        headers,
-        body,
-    )
-    .await
+    let (parts, body) = request.into_parts();
+    let routes = gateway.inbound_routes();
+    let (route, endpoint) = match routes.lookup(parts.uri.path()) {
+        RouteMatch::Route { route, path } => match Endpoint::of(path) {
+            Some(endpoint) => (route, endpoint),
+            None => return GatewayError::NotFound(parts.uri.path().to_owned()).into_response(),
+        },
+        RouteMatch::Disabled(route) => {
+            return GatewayError::RouteDisabled(route.name.clone()).into_response();
+        }
+        RouteMatch::None => {
+            return GatewayError::NotFound(parts.uri.path().to_owned()).into_response();
+        }
+    };
+    let dialect = match endpoint {
+        Endpoint::Messages | Endpoint::CountTokens => Dialect::AnthropicMessages,
+        Endpoint::Responses => Dialect::OpenAiResponses,
+        _ => Dialect::OpenAiChat,
+    };
+    if parts.method.as_str() != endpoint.method() {
+        return GatewayError::MethodNotAllowed {
+            path: parts.uri.path().to_owned(),
+            allowed: endpoint.method(),
+        }
+        .response_in(dialect);
+    }
+    let snapshot = gateway.snapshot();
+    let principal = match auth::authenticate(
+        route,
+        &parts.headers,
+        &snapshot,
+        gateway.config.server.admin_token.as_deref(),
+        crate::store::model::now(),
+    ) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::info!(
+                target: "switchyard::access",
+                route = %route.name,
+                status = 401,
+                "authentication failed: {e}"
+            );
+            return GatewayError::from(e).response_in(dialect);
+        }
+    };
+    let admission = Admission {
+        principal,
+        max_attempts: route.max_attempts,
+        route_name: route.name.clone(),
+    };
+    drop(snapshot);
+    let limit = gateway.config.server.max_body_bytes;
+    let body = match axum::body::to_bytes(body, limit).await {
+        Ok(b) => b,
+        Err(_) => return GatewayError::BodyTooLarge(limit >> 20).response_in(dialect),
+    };
+    let extensions = parts.extensions;
+    let headers = parts.headers;
+    let served = match endpoint {
+        Endpoint::ChatCompletions | Endpoint::Responses | Endpoint::Messages => {
+            serve_chat(&gateway, dialect, &admission, &extensions, &headers, &body).await
+        }
+        Endpoint::Embeddings => {
+            serve_embeddings(&gateway, &admission, &extensions, &headers, &body).await
+        }
+        Endpoint::CountTokens => count_tokens(&gateway, &admission, &body),
+        Endpoint::Models => Ok(super::list_models(&gateway, &admission.principal).into_response()),
+    };
+    served.unwrap_or_else(|e| e.response_in(dialect))
 }
 
 fn capability(dialect: Dialect) -> Capability {
@@ -72,19 +152,39 @@ fn json_object(body: &[u8]) -> Result<serde_json::Map<String, serde_json::Value>
     }
 }
 
-/// A published model with routes, by id or alias.
-fn published_model(gateway: &Gateway, name: &str) -> Result<Arc<ModelEntry>, GatewayError> {
-    gateway
+/// A published model with routes, by id or alias, that has a route in one of the caller's groups.
+fn published_model(
+    gateway: &Gateway,
+    name: &str,
+    principal: &Principal,
+) -> Result<Arc<ModelEntry>, GatewayError> {
+    let model = gateway
         .table()
         .resolve(name)
         .filter(|m| m.config.published && !m.routes().is_empty())
         .cloned()
-        .ok_or_else(|| GatewayError::ModelNotFound(name.to_owned()))
+        .ok_or_else(|| GatewayError::ModelNotFound(name.to_owned()))?;
+    if !model
+        .routes()
+        .iter()
+        .any(|r| principal.groups.contains(&r.group))
+    {
+        return Err(GatewayError::ModelNotInGroups {
+            model: name.to_owned(),
+            groups: if principal.groups.is_empty() {
+                "none: the route, consumer and key groups have nothing in common".into()
+            } else {
+                principal.groups.join(", ")
+            },
+        });
+    }
+    Ok(model)
 }
 
 /// Who is calling and whether an operator pinned a route.
 fn caller_and_pin<'h>(
     gateway: &Gateway,
+    admission: &Admission,
     extensions: &axum::http::Extensions,
     headers: &'h HeaderMap,
 ) -> (caller::Caller, Option<&'h str>) {
@@ -94,7 +194,7 @@ fn caller_and_pin<'h>(
         .and_then(|v| v.to_str().ok())
         .map(str::trim)
         .filter(|p| !p.is_empty())
-        .filter(|_| admin::is_admin(gateway, headers));
+        .filter(|_| admission.principal.admin || admin::is_admin(gateway, headers));
     let caller = caller::identify(
         headers,
         extensions
@@ -105,22 +205,10 @@ fn caller_and_pin<'h>(
     (caller, pin)
 }
 
-async fn chat(
-    gateway: Arc<Gateway>,
-    dialect: Dialect,
-    extensions: axum::http::Extensions,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    match serve_chat(&gateway, dialect, &extensions, &headers, &body).await {
-        Ok(response) => response,
-        Err(e) => e.response_in(dialect),
-    }
-}
-
 async fn serve_chat(
     gateway: &Arc<Gateway>,
     dialect: Dialect,
+    admission: &Admission,
     extensions: &axum::http::Extensions,
     headers: &HeaderMap,
     body: &[u8],
@@ -131,8 +219,8 @@ async fn serve_chat(
         .map_err(GatewayError::InvalidBody)?;
     // The parsed body is kept for upstreams of the same dialect, which get it nearly verbatim.
     let raw = json_object(body)?;
-    let model = published_model(gateway, &request.model)?;
-    let (caller, pin) = caller_and_pin(gateway, extensions, headers);
+    let model = published_model(gateway, &request.model, &admission.principal)?;
+    let (caller, pin) = caller_and_pin(gateway, admission, extensions, headers);
     let inbound = Inbound {
         dialect,
         prompt_tokens: request.prompt_token_estimate(),
@@ -140,15 +228,14 @@ async fn serve_chat(
         body: raw,
     };
     let facts = RequestFacts {
-        caller: caller.key.clone(),
-        caller_hash: caller.hash,
         prompt_tokens: inbound.prompt_tokens,
         max_tokens: inbound.request.max_output_tokens,
         stream: inbound.request.stream,
         modalities: inbound.request.modalities(),
-        call: capability(dialect),
+        ..admission.facts(&caller, capability(dialect))
     };
-    let plan = select::select(&model, &facts, &gateway.routing, pin).await?;
+    let mut plan = select::select(&model, &facts, &gateway.routing, pin).await?;
+    plan.credential = admission.credential();
     let strategy_error = plan.strategy_error.clone();
     let result = dispatch::chat(
         gateway.upstreams(),
@@ -177,7 +264,7 @@ async fn serve_chat(
                 latency_ms,
                 prompt_tokens: Some(clamp_i32(prompt_tokens)),
                 completion_tokens: Some(clamp_i32(completion_tokens)),
-                ..attributed_row(&attribution)
+                ..attributed_row(&attribution, admission.log_row())
             });
             Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
         }
@@ -190,7 +277,7 @@ async fn serve_chat(
             let row = ApiLogRow {
                 model: model.config.id.clone(),
                 status: 200,
-                ..attributed_row(&attribution)
+                ..attributed_row(&attribution, admission.log_row())
             };
             let logger = gateway.clone();
             tokio::spawn(async move {
@@ -220,13 +307,19 @@ async fn serve_chat(
         }
         Err(e) => {
             let err = GatewayError::from(e);
-            record_failure(gateway, &model, &err, started);
+            record_failure(gateway, admission, &model, &err, started);
             Err(err)
         }
     }
 }
 
-fn record_failure(gateway: &Gateway, model: &ModelEntry, err: &GatewayError, started: Instant) {
+fn record_failure(
+    gateway: &Gateway,
+    admission: &Admission,
+    model: &ModelEntry,
+    err: &GatewayError,
+    started: Instant,
+) {
     let status = err.status().as_u16();
     tracing::info!(
         target: "switchyard::access",
@@ -246,79 +339,70 @@ fn record_failure(gateway: &Gateway, model: &ModelEntry, err: &GatewayError, sta
         status: i32::from(status),
         latency_ms: started.elapsed().as_secs_f64() * 1000.0,
         error: Some(err.to_string()),
-        ..ApiLogRow::default()
+        ..admission.log_row()
     });
 }
 
 /// `POST /v1/embeddings`: OpenAI-compatible routes only, forwarded without translation.
-pub async fn embeddings(
-    State(gateway): State<Arc<Gateway>>,
-    extensions: axum::http::Extensions,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let served = async {
-        let started = Instant::now();
-        let (model_name, chars) =
-            protocol::parse_embeddings_request(&body).map_err(GatewayError::InvalidBody)?;
-        let raw = json_object(&body)?;
-        let model = published_model(&gateway, &model_name)?;
-        let (caller, pin) = caller_and_pin(&gateway, &extensions, &headers);
-        let facts = RequestFacts {
-            caller: caller.key.clone(),
-            caller_hash: caller.hash,
-            prompt_tokens: u32::try_from(chars / 4).unwrap_or(u32::MAX),
-            call: Capability::Embeddings,
-            ..RequestFacts::default()
-        };
-        let plan = select::select(&model, &facts, &gateway.routing, pin).await?;
-        match dispatch::embeddings(gateway.upstreams(), &gateway.routing, &model, &raw, plan).await
-        {
-            Ok((body, attribution)) => {
-                log_request(&model_name, &attribution, started, None);
-                gateway.record(ApiLogRow {
-                    model: model.config.id.clone(),
-                    status: 200,
-                    latency_ms: started.elapsed().as_secs_f64() * 1000.0,
-                    ..attributed_row(&attribution)
-                });
-                Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
-            }
-            Err(e) => {
-                let err = GatewayError::from(e);
-                record_failure(&gateway, &model, &err, started);
-                Err(err)
-            }
-        }
+async fn serve_embeddings(
+    gateway: &Arc<Gateway>,
+    admission: &Admission,
+    extensions: &axum::http::Extensions,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, GatewayError> {
+    let started = Instant::now();
+    let (model_name, chars) =
+        protocol::parse_embeddings_request(body).map_err(GatewayError::InvalidBody)?;
+    let raw = json_object(body)?;
+    let model = published_model(gateway, &model_name, &admission.principal)?;
+    let (caller, pin) = caller_and_pin(gateway, admission, extensions, headers);
+    let facts = RequestFacts {
+        prompt_tokens: u32::try_from(chars / 4).unwrap_or(u32::MAX),
+        ..admission.facts(&caller, Capability::Embeddings)
     };
-    match served.await {
-        Ok(response) => response,
-        Err(e) => e.response_in(Dialect::OpenAiChat),
+    let mut plan = select::select(&model, &facts, &gateway.routing, pin).await?;
+    plan.credential = admission.credential();
+    match dispatch::embeddings(gateway.upstreams(), &gateway.routing, &model, &raw, plan).await {
+        Ok((body, attribution)) => {
+            log_request(&model_name, &attribution, started, None);
+            gateway.record(ApiLogRow {
+                model: model.config.id.clone(),
+                status: 200,
+                latency_ms: started.elapsed().as_secs_f64() * 1000.0,
+                ..attributed_row(&attribution, admission.log_row())
+            });
+            Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+        }
+        Err(e) => {
+            let err = GatewayError::from(e);
+            record_failure(gateway, admission, &model, &err, started);
+            Err(err)
+        }
     }
 }
 
 /// `POST /v1/messages/count_tokens`, answered from the gateway's estimator (characters / 4, a flat
 /// 85 per image), with nothing sent upstream.
-pub async fn count_tokens(State(gateway): State<Arc<Gateway>>, body: Bytes) -> Response {
+fn count_tokens(
+    gateway: &Gateway,
+    admission: &Admission,
+    body: &[u8],
+) -> Result<Response, GatewayError> {
     let dialect = Dialect::AnthropicMessages;
     // count_tokens bodies carry no max_tokens; the parser wants one.
-    let mut value: serde_json::Value = match serde_json::from_slice(&body) {
-        Ok(v) => v,
-        Err(e) => {
-            return GatewayError::InvalidBody(format!("not valid JSON: {e}")).response_in(dialect);
-        }
-    };
+    let mut value: serde_json::Value = serde_json::from_slice(body)
+        .map_err(|e| GatewayError::InvalidBody(format!("not valid JSON: {e}")))?;
     if let Some(map) = value.as_object_mut() {
         map.entry("max_tokens").or_insert(serde_json::json!(1));
     }
     let bytes = serde_json::to_vec(&value).unwrap_or_default();
-    let request = match dialect.parse_request(&bytes) {
-        Ok(r) => r,
-        Err(e) => return GatewayError::InvalidBody(e).response_in(dialect),
-    };
-    if let Err(e) = published_model(&gateway, &request.model) {
-        return e.response_in(dialect);
-    }
-    axum::Json(serde_json::json!({ "input_tokens": request.prompt_token_estimate() }))
-        .into_response()
+    let request = dialect
+        .parse_request(&bytes)
+        .map_err(GatewayError::InvalidBody)?;
+    published_model(gateway, &request.model, &admission.principal)?;
+    Ok(
+        axum::Json(serde_json::json!({ "input_tokens": request.prompt_token_estimate() }))
+            .into_response(),
+    )
 }

@@ -1,16 +1,16 @@
 //! The HTTP edge: routes, request parsing, and turning answers and errors into responses.
 
 pub mod admin;
+pub mod auth;
 pub mod caller;
 pub mod error;
 mod inference;
+pub mod routes;
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::State;
-use axum::http::StatusCode;
-use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 
@@ -22,13 +22,9 @@ pub use error::GatewayError;
 
 /// The gateway's HTTP routes.
 pub fn router(gateway: Arc<Gateway>) -> Router {
+    // Inference paths are matched by the inbound routes (longest path prefix), so they are the
+    // fallback: fixed paths (health, routing, admin) come first.
     Router::new()
-        .route("/v1/chat/completions", post(inference::chat_completions))
-        .route("/v1/responses", post(inference::responses))
-        .route("/v1/messages", post(inference::messages))
-        .route("/v1/messages/count_tokens", post(inference::count_tokens))
-        .route("/v1/embeddings", post(inference::embeddings))
-        .route("/v1/models", get(list_models))
         .route("/health", get(health))
         .route("/health/deep", get(admin::health_deep))
         .route("/routing", get(admin::routing))
@@ -41,7 +37,7 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
             post(admin::set_provider),
         )
         .merge(crate::admin::management_router())
-        .fallback(not_found)
+        .fallback(inference::handle)
         .with_state(gateway)
 }
 
@@ -52,12 +48,26 @@ async fn health(State(gateway): State<Arc<Gateway>>) -> Json<serde_json::Value> 
     }))
 }
 
-async fn list_models(State(gateway): State<Arc<Gateway>>) -> Json<serde_json::Value> {
+/// `GET /v1/models`: every model the caller can reach under its route's groups, with aliases,
+/// de-duplicated and sorted; no upstream is asked.
+fn list_models(gateway: &Gateway, principal: &auth::Principal) -> Json<serde_json::Value> {
     let table = gateway.table();
-    let data: Vec<_> = table
+    let mut ids: Vec<&str> = table
         .models()
-        .filter(|m| m.config.published && !m.config.routes.is_empty())
-        .flat_map(|m| std::iter::once(m.config.id.clone()).chain(m.config.aliases.iter().cloned()))
+        .filter(|m| m.config.published)
+        .filter(|m| {
+            m.routes()
+                .iter()
+                .any(|r| principal.groups.contains(&r.group))
+        })
+        .flat_map(|m| {
+            std::iter::once(m.config.id.as_str()).chain(m.config.aliases.iter().map(String::as_str))
+        })
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let data: Vec<_> = ids
+        .into_iter()
         .map(|id| {
             serde_json::json!({
                 "id": id,
@@ -75,12 +85,12 @@ fn clamp_i32(n: u32) -> i32 {
 }
 
 /// The parts of a log row that come from where the request went.
-fn attributed_row(attribution: &Attribution) -> ApiLogRow {
+fn attributed_row(attribution: &Attribution, base: ApiLogRow) -> ApiLogRow {
     ApiLogRow {
         endpoint_id: Some(attribution.endpoint_id.clone()),
         attempts: attribution.failed_attempts.len() as i32 + 1,
         fell_back: attribution.fell_back,
-        ..ApiLogRow::default()
+        ..base
     }
 }
 
@@ -102,14 +112,4 @@ fn log_request(
         latency_ms = started.elapsed().as_millis() as u64,
         "served"
     );
-}
-
-/// A JSON 404 for unknown paths, in OpenAI's error shape.
-pub async fn not_found() -> impl IntoResponse {
-    (
-        StatusCode::NOT_FOUND,
-        Json(serde_json::json!({
-            "error": { "message": "no such endpoint", "type": "invalid_request_error", "param": null, "code": "not_found" }
-        })),
-    )
 }

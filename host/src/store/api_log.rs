@@ -21,6 +21,10 @@ const FLUSH_EVERY: Duration = Duration::from_millis(250);
 #[derive(Debug, Clone, Default)]
 pub struct ApiLogRow {
     pub created_at_ms: i64,
+    /// The inbound route's name.
+    pub route: Option<String>,
+    /// The consumer whose key authenticated the request.
+    pub consumer: Option<String>,
     pub model: String,
     pub endpoint_id: Option<String>,
     pub attempts: i32,
@@ -103,12 +107,14 @@ async fn flush(store: &Store, batch: &mut Vec<ApiLogRow>, errors: &AtomicU64) {
 }
 
 async fn write(store: &Store, rows: &[ApiLogRow]) -> Result<(), sqlx::Error> {
-    const COLUMNS: &str = "INSERT INTO api_logs (created_at_ms, model, endpoint_id, attempts, fell_back, status, ttft_ms, latency_ms, prompt_tokens, completion_tokens, error) ";
+    const COLUMNS: &str = "INSERT INTO api_logs (created_at_ms, route, consumer, model, endpoint_id, attempts, fell_back, status, ttft_ms, latency_ms, prompt_tokens, completion_tokens, error) ";
     match store.pool() {
         Pool::Sqlite(pool) => {
             let mut qb = sqlx::QueryBuilder::<sqlx::Sqlite>::new(COLUMNS);
             qb.push_values(rows, |mut b, r| {
                 b.push_bind(r.created_at_ms)
+                    .push_bind(&r.route)
+                    .push_bind(&r.consumer)
                     .push_bind(&r.model)
                     .push_bind(&r.endpoint_id)
                     .push_bind(r.attempts)
@@ -126,6 +132,8 @@ async fn write(store: &Store, rows: &[ApiLogRow]) -> Result<(), sqlx::Error> {
             let mut qb = sqlx::QueryBuilder::<sqlx::Postgres>::new(COLUMNS);
             qb.push_values(rows, |mut b, r| {
                 b.push_bind(r.created_at_ms)
+                    .push_bind(&r.route)
+                    .push_bind(&r.consumer)
                     .push_bind(&r.model)
                     .push_bind(&r.endpoint_id)
                     .push_bind(r.attempts)

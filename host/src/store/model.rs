@@ -84,26 +84,59 @@ impl Protocol {
         }
     }
 
-    /// What a provider of this protocol serves natively when its capabilities are not given.
-    pub fn native_capabilities(self) -> Vec<Capability> {
-        match self {
-            Protocol::OpenaiCompat => vec![Capability::ChatCompletions, Capability::Embeddings],
-            Protocol::OpenaiResponses => vec![Capability::Responses],
-            Protocol::Anthropic => vec![Capability::Messages],
+    /// What a provider of this protocol serves when its capabilities are not given: every chat
+    /// protocol (requests are translated through the IR), and embeddings for OpenAI-compatible
+    /// servers. The same defaults as a YAML route of the matching kind.
+    pub fn default_capabilities(self) -> Vec<Capability> {
+        let mut caps = vec![
+            Capability::ChatCompletions,
+            Capability::Responses,
+            Capability::Messages,
+        ];
+        if self == Protocol::OpenaiCompat {
+            caps.push(Capability::Embeddings);
         }
+        caps
     }
 }
 
-/// An inbound call an upstream can serve.
+/// An inbound call an upstream (or a YAML route) can serve.
 #[derive(
-    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, ToSchema,
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    ToSchema,
 )]
 #[serde(rename_all = "snake_case")]
 pub enum Capability {
+    /// `/v1/chat/completions`
+    #[default]
     ChatCompletions,
+    /// `/v1/responses`
     Responses,
+    /// `/v1/messages`
     Messages,
+    /// `/v1/embeddings`
     Embeddings,
+}
+
+impl Capability {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Capability::ChatCompletions => "chat_completions",
+            Capability::Responses => "responses",
+            Capability::Messages => "messages",
+            Capability::Embeddings => "embeddings",
+        }
+    }
 }
 
 /// When a route translates between the caller's protocol and the upstream's. Stored and shown
@@ -822,8 +855,8 @@ impl Provider {
 pub struct NewProvider {
     pub name: String,
     pub protocol: Protocol,
-    /// Defaults by protocol: `openai_compat` → chat_completions, embeddings; `openai_responses` →
-    /// responses; `anthropic` → messages.
+    /// Defaults to every chat protocol (chat_completions, responses, messages: translated
+    /// through the IR), plus embeddings for `openai_compat`.
     #[serde(default)]
     pub default_capabilities: Option<Vec<Capability>>,
 }
@@ -835,7 +868,7 @@ impl NewProvider {
             name: self.name,
             default_capabilities: dedup(
                 self.default_capabilities
-                    .unwrap_or_else(|| self.protocol.native_capabilities()),
+                    .unwrap_or_else(|| self.protocol.default_capabilities()),
             ),
             protocol: self.protocol,
             created_at: now,

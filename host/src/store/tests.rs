@@ -484,13 +484,25 @@ async fn providers_upstreams_and_models(db: &TestDb) {
         .unwrap();
     assert_eq!(
         openai.default_capabilities,
-        vec![Capability::ChatCompletions, Capability::Embeddings]
+        vec![
+            Capability::ChatCompletions,
+            Capability::Responses,
+            Capability::Messages,
+            Capability::Embeddings
+        ]
     );
     let claude = s
         .create_provider(provider("claude", "anthropic"))
         .await
         .unwrap();
-    assert_eq!(claude.default_capabilities, vec![Capability::Messages]);
+    assert_eq!(
+        claude.default_capabilities,
+        vec![
+            Capability::ChatCompletions,
+            Capability::Responses,
+            Capability::Messages
+        ]
+    );
     assert_conflict(s.create_provider(provider("openai", "anthropic")).await);
     assert_eq!(s.get_provider(&openai.id).await.unwrap(), openai);
 
@@ -604,7 +616,12 @@ async fn providers_upstreams_and_models(db: &TestDb) {
     assert_eq!(targets[0].provider.id, claude.id);
     assert_eq!(
         snapshot.capabilities(snapshot.upstream(&low.id).unwrap()),
-        &[Capability::ChatCompletions, Capability::Embeddings]
+        &[
+            Capability::ChatCompletions,
+            Capability::Responses,
+            Capability::Messages,
+            Capability::Embeddings
+        ]
     );
     assert_eq!(
         snapshot.capabilities(snapshot.upstream(&high.id).unwrap()),

@@ -14,6 +14,8 @@ wasmtime::component::bindgen!({
     path: "../wit/since_v0.1.0",
     world: "switchyard:router/strategy-component",
     exports: { default: async },
+    // Route tables are compared to push only what changed.
+    additional_derives: [PartialEq],
 });
 
 pub use self::switchyard::router::host::LogLevel;
