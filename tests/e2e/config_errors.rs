@@ -97,3 +97,30 @@ fn the_demo_config_checks() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn bad_yaml_routes_name_the_route_and_field() {
+    let err = stderr_of("routes:\n  - name: team\n    path_prefix: /team\n    max_attempts: 0\n");
+    assert!(
+        err.contains("config.yaml: routes[0] (team).max_attempts: must be between 1 and 10"),
+        "{err}"
+    );
+    let err = stderr_of("routes:\n  - name: team\n    path_prefix: team\n");
+    assert!(
+        err.contains("routes[0] (team).path_prefix: must start with /"),
+        "{err}"
+    );
+    let err =
+        stderr_of("routes:\n  - name: a\n    path_prefix: /x\n  - name: b\n    path_prefix: /x\n");
+    assert!(
+        err.contains("routes[1] (b).path_prefix: `/x` is already used by another route"),
+        "{err}"
+    );
+    let err = stderr_of("routes:\n  - name: a\n    path_prefix: /x\n    disable_auht: true\n");
+    assert!(
+        err.contains("routes[0]: unknown field `disable_auht`"),
+        "{err}"
+    );
+    let err = stderr_of("server:\n  default_auth: none\n");
+    assert!(err.contains("server.default_auth"), "{err}");
+}

@@ -842,3 +842,75 @@ async fn the_gateway_survives_a_postgres_restart() {
         200
     );
 }
+
+/// Routes declared in the YAML behave like database routes, and an open route on a non-loopback
+/// address is warned about at startup.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn yaml_routes_and_the_warning_for_open_non_loopback_serving() {
+    let mock = Mock::start(&[]);
+    let yaml = format!(
+        "routes:\n  - name: open\n    path_prefix: /open\n    disable_auth: true\n  - name: locked\n    path_prefix: /\n    legacy_bearer_auth_tokens: [\"${{LOCKED_TOKEN}}\"]\n    groups: [gold]\nmodels:\n  - id: m\n    route:\n      - kind: openai_compat\n        base_url: {}\n      - kind: anthropic\n        base_url: {}\n        group: gold\n",
+        mock.base_url(),
+        format!("http://127.0.0.1:{}", mock.port)
+    );
+    let gateway = Gateway::start_with_env(&yaml, &[("LOCKED_TOKEN", "yaml-secret")]);
+    assert_eq!(
+        chat(&gateway, "/open/v1/chat/completions", Auth::None, "m")
+            .await
+            .0,
+        200
+    );
+    // The open route is unrestricted: the default group, the OpenAI-protocol route.
+    assert_eq!(mock.stats().await["last_path"], "/v1/chat/completions");
+    assert_eq!(
+        chat(&gateway, "/v1/chat/completions", Auth::None, "m")
+            .await
+            .0,
+        401
+    );
+    assert_eq!(
+        chat(
+            &gateway,
+            "/v1/chat/completions",
+            Auth::Bearer("yaml-secret"),
+            "m"
+        )
+        .await
+        .0,
+        200
+    );
+    // The locked route only reaches the gold group: the Anthropic route.
+    assert_eq!(mock.stats().await["last_path"], "/v1/messages");
+    assert!(
+        !gateway.log().contains("not a loopback address"),
+        "loopback serving warned"
+    );
+    drop(gateway);
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = crate::harness::write_config(dir.path(), &yaml);
+    let out = std::process::Command::new(crate::harness::binary())
+        .args(["serve", "--listen", "0.0.0.0:0", "--config"])
+        .arg(&config)
+        .env("LOCKED_TOKEN", "yaml-secret")
+        .env(
+            "SWITCHYARD_BUILTIN_STRATEGIES",
+            crate::harness::target_dir().join("strategies"),
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Let it start, then stop it and read what it logged.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &out.id().to_string()])
+        .status();
+    let output = out.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        log.contains("serving without authentication") && log.contains("route=open"),
+        "{log}"
+    );
+    assert!(!log.contains("yaml-secret"), "{log}");
+}
