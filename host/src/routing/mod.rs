@@ -6,6 +6,7 @@ pub mod dispatch;
 pub mod health;
 pub mod policy;
 pub mod prefill;
+pub mod quota;
 pub mod select;
 pub mod table;
 
@@ -27,6 +28,8 @@ pub struct RoutingContext {
     pub health: Arc<health::HealthRegistry>,
     pub prefill: Arc<prefill::PrefillTracker>,
     pub affinity: Arc<affinity::AffinityTable>,
+    /// Quota snapshots and the local request counter (`quota`).
+    pub quota: Arc<quota::QuotaBoard>,
 }
 
 impl RoutingContext {
@@ -35,6 +38,7 @@ impl RoutingContext {
             health: Arc::new(health::HealthRegistry::new(config.health)),
             prefill: Arc::new(prefill::PrefillTracker::new(config.routing.prefill)),
             affinity: Arc::new(affinity::AffinityTable::new(config.routing.affinity)),
+            quota: Arc::new(quota::QuotaBoard::new()),
         }
     }
 }
