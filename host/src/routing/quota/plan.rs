@@ -88,8 +88,8 @@ pub enum Unresolved {
     },
     /// No key for the fetcher in the environment or on a route of the provider's host.
     #[error(
-        "no API key for the {provider} fetcher: set {} or put the key on a route whose base_url \
-         is a {provider} host (`kind:` and key must be the provider's own)",
+        "no API key for the {provider} fetcher: set {} or put the provider's own key on a route \
+         whose base_url is on a {provider} host",
         .provider.key_env()
     )]
     NoKey { provider: Provider },
