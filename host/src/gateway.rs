@@ -165,9 +165,15 @@ impl Gateway {
         let local_fraction = self.config.routing.local_fraction;
         let (table, problems) = self
             .table()
-            .rebuild(models, &self.routing_engine, &self.catalog, |m| {
-                crate::routing::policy::apply(m, &overrides, &unhealthy, local_fraction)
-            })
+            .rebuild(
+                models,
+                &self.routing_engine,
+                &self.catalog,
+                |m| crate::routing::policy::apply(m, &overrides, &unhealthy, local_fraction),
+                |routes| {
+                    crate::routing::table::wit_routes(&self.routing.quota.with_snapshots(routes))
+                },
+            )
             .await;
         {
             let mut last = self.rebuild_problems.lock();
@@ -262,7 +268,9 @@ impl Gateway {
                 m.routes().iter().map(|r| r.weight).collect::<Vec<_>>()
             };
             if weights(before) != weights(after) {
-                let routes = crate::routing::table::wit_routes(after.routes());
+                let routes = crate::routing::table::wit_routes(
+                    &self.routing.quota.with_snapshots(after.routes()), // quota snapshots survive
+                );
                 if let Err(e) = after.router.refresh_route_table(routes).await {
                     tracing::warn!(model = %after.id(), "pushing the new route table failed: {e}");
                 }
@@ -335,6 +343,15 @@ impl Gateway {
                     gateway.set_origin_health(origin, ok).await;
                 }
             }
+        });
+    }
+
+    /// Reads quota usage now and then every `quota_snapshot_refresh_interval_sec`, and pushes each
+    /// quota route's `quota_snapshot` to its router (see `routing::quota`).
+    pub fn spawn_quota_refresh(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        crate::routing::quota::spawn_refresh(self.routing.quota.clone(), move || {
+            weak.upgrade().map(|g| g.table())
         });
     }
 

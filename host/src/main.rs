@@ -13,6 +13,7 @@ use clap::{Parser, Subcommand};
 use switchyard::config::Config;
 use switchyard::gateway::{Gateway, Routing, builtin_strategies_dir};
 use switchyard::mock::{self, MockOptions};
+use switchyard::routing::quota;
 use switchyard::store::Store;
 use switchyard::strategy::{
     CatalogEntry, StrategyCatalog, StrategyEngine, StrategyLimits, catalog, contract,
@@ -183,7 +184,10 @@ fn load_config(path: &Path) -> anyhow::Result<Config> {
 
 async fn serve(config_path: &Path, listen: Option<String>) -> anyhow::Result<()> {
     let config = load_config(config_path)?;
+    // Stateful providers (routing::quota): one process only, no quota-only model uncalibrated.
+    quota::replica_guard(&config.models, &|var| std::env::var(var).ok())?;
     let routing = Routing::build(&config).await?;
+    quota::cold_start(&routing.table).await?;
     let store = Store::open(&config.database_url)
         .await
         .with_context(|| format!("{}: database.url", config.source.display()))?;
@@ -199,6 +203,7 @@ async fn serve(config_path: &Path, listen: Option<String>) -> anyhow::Result<()>
     gateway.spawn_snapshot_sync();
     gateway.spawn_ticker();
     gateway.spawn_health_checks();
+    gateway.spawn_quota_refresh();
     let listener = tokio::net::TcpListener::bind(&listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
@@ -259,6 +264,7 @@ async fn shutdown_signal() {
 async fn check(config_path: &Path) -> anyhow::Result<()> {
     let config = load_config(config_path)?;
     let routing = Routing::build(&config).await?;
+    quota::cold_start(&routing.table).await?;
     println!("{}: OK", config.source.display());
     for model in routing.table.models() {
         let c = &model.config;
@@ -287,6 +293,12 @@ async fn check(config_path: &Path) -> anyhow::Result<()> {
                 r.priority
             );
         }
+    }
+    // Quota routes whose snapshot cannot resolve: warnings, not errors: the config is valid, but
+    // RouteWise excludes those routes until they get a snapshot.
+    let env = |var: &str| std::env::var(var).ok();
+    for problem in quota::QuotaPlan::build(&config.models, &env).diagnostics() {
+        println!("warning: {problem}");
     }
     Ok(())
 }

@@ -43,6 +43,17 @@ fn configure(cmd: &mut Command) {
         // declare routes.
         .env("SWITCHYARD_DEFAULT_AUTH", "disabled")
         .env("RUST_LOG", "info,switchyard=debug");
+    // What the quota sources and the single-process guard read must come from the test alone.
+    for var in [
+        "CHUTES_API_KEY",
+        "CHUTES_API_BASE",
+        "MINIMAX_API_KEY",
+        "MINIMAX_API_BASE",
+        "SWITCHYARD_REPLICAS",
+        "WEB_CONCURRENCY",
+    ] {
+        cmd.env_remove(var);
+    }
 }
 
 /// Reads the child's first stdout line (`... listening on http://ADDR`) and returns the port.
@@ -230,6 +241,54 @@ pub fn check(body_yaml: &str) -> Output {
     cmd.args(["check", "--config"]).arg(&config);
     configure(&mut cmd);
     cmd.output().expect("run switchyard check")
+}
+
+/// Runs `switchyard check` on a config body with extra environment variables.
+pub fn check_with_env(body_yaml: &str, env: &[(&str, &str)]) -> Output {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write_config(dir.path(), body_yaml);
+    let mut cmd = Command::new(binary());
+    cmd.args(["check", "--config"]).arg(&config);
+    configure(&mut cmd);
+    cmd.envs(env.iter().copied());
+    cmd.output().expect("run switchyard check")
+}
+
+/// Runs `switchyard serve` on a config body that must make it refuse to start; returns what it
+/// wrote to stderr. Panics if it starts listening or is still running after a minute.
+pub fn serve_refuses(body_yaml: &str, env: &[(&str, &str)]) -> String {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write_config(dir.path(), body_yaml);
+    let mut cmd = Command::new(binary());
+    cmd.args(["serve", "--config"])
+        .arg(&config)
+        .args(["--listen", "127.0.0.1:0"]);
+    configure(&mut cmd);
+    cmd.envs(env.iter().copied());
+    let log = dir.path().join("stderr.log");
+    let mut child = cmd
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log file"))
+        .spawn()
+        .expect("spawn switchyard serve");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for serve") {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "serve did not refuse to start:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let stderr = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(!status.success(), "serve exited successfully:\n{stderr}");
+    stderr
 }
 
 /// A minimal chat request body.

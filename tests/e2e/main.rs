@@ -13,6 +13,7 @@ mod config_errors;
 mod health;
 mod pipeline;
 mod proxy;
+mod quota;
 mod routes;
 mod routewise;
 mod sdk_clients;

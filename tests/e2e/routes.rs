@@ -849,9 +849,9 @@ async fn the_gateway_survives_a_postgres_restart() {
 async fn yaml_routes_and_the_warning_for_open_non_loopback_serving() {
     let mock = Mock::start(&[]);
     let yaml = format!(
-        "routes:\n  - name: open\n    path_prefix: /open\n    disable_auth: true\n  - name: locked\n    path_prefix: /\n    legacy_bearer_auth_tokens: [\"${{LOCKED_TOKEN}}\"]\n    groups: [gold]\nmodels:\n  - id: m\n    route:\n      - kind: openai_compat\n        base_url: {}\n      - kind: anthropic\n        base_url: {}\n        group: gold\n",
+        "routes:\n  - name: open\n    path_prefix: /open\n    disable_auth: true\n  - name: locked\n    path_prefix: /\n    legacy_bearer_auth_tokens: [\"${{LOCKED_TOKEN}}\"]\n    groups: [gold]\nmodels:\n  - id: m\n    route:\n      - kind: openai_compat\n        base_url: {}\n      - kind: anthropic\n        base_url: http://127.0.0.1:{}\n        group: gold\n",
         mock.base_url(),
-        format!("http://127.0.0.1:{}", mock.port)
+        mock.port
     );
     let gateway = Gateway::start_with_env(&yaml, &[("LOCKED_TOKEN", "yaml-secret")]);
     assert_eq!(

@@ -253,6 +253,7 @@ pub async fn chat(
         let Some(ticket) = admit(ctx, route, &plan, &mut excluded) else {
             continue;
         };
+        ctx.quota.count_request(&route.endpoint_id); // local quota counter (routing::quota)
         let started = Instant::now();
         // The lease is released at the first token, or wherever this attempt ends (drop).
         let uncached = ctx.prefill.uncached_estimate(
@@ -396,6 +397,7 @@ pub async fn embeddings(
         let Some(ticket) = admit(ctx, route, &plan, &mut excluded) else {
             continue;
         };
+        ctx.quota.count_request(&route.endpoint_id); // local quota counter (routing::quota)
         let mut upstream = body.clone();
         upstream.insert(
             "model".into(),

@@ -7,6 +7,7 @@ pub mod dispatch;
 pub mod health;
 pub mod policy;
 pub mod prefill;
+pub mod quota;
 pub mod select;
 pub mod table;
 
@@ -28,6 +29,8 @@ pub struct RoutingContext {
     pub health: Arc<health::HealthRegistry>,
     pub prefill: Arc<prefill::PrefillTracker>,
     pub affinity: Arc<affinity::AffinityTable>,
+    /// Quota snapshots and the local request counter (`quota`).
+    pub quota: Arc<quota::QuotaBoard>,
 }
 
 impl RoutingContext {
@@ -36,6 +39,7 @@ impl RoutingContext {
             health: Arc::new(health::HealthRegistry::new(config.health)),
             prefill: Arc::new(prefill::PrefillTracker::new(config.routing.prefill)),
             affinity: Arc::new(affinity::AffinityTable::new(config.routing.affinity)),
+            quota: Arc::new(quota::QuotaBoard::new()),
         }
     }
 }

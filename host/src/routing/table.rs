@@ -67,7 +67,7 @@ impl RouteTable {
                 &HashSet::new(),
                 config.routing.local_fraction,
             );
-            match new_router(&model, &at, engine, catalog).await {
+            match new_router(&model, wit_routes(&model.routes), &at, engine, catalog).await {
                 Ok(router) => table.insert(model, Arc::new(router)),
                 Err(mut p) => problems.append(&mut p),
             }
@@ -81,14 +81,16 @@ impl RouteTable {
 
     /// A table serving `models`, with `apply_policy` run on each. A model whose strategy and
     /// params are unchanged keeps its router (and its learned state); the router gets the new
-    /// route list when that changed. Models that cannot be built are left out and described in
-    /// the returned problems.
+    /// route list when that changed. `for_router` gives the routes as a router sees them (the
+    /// host's live annotations, such as quota snapshots, added). Models that cannot be built are
+    /// left out and described in the returned problems.
     pub async fn rebuild(
         &self,
         models: Vec<ModelConfig>,
         engine: &StrategyEngine,
         catalog: &StrategyCatalog,
         apply_policy: impl Fn(&mut ModelConfig),
+        for_router: impl Fn(&[RouteConfig]) -> Vec<Route>,
     ) -> (RouteTable, Vec<String>) {
         let mut problems = Vec::new();
         let mut table = RouteTable::default();
@@ -108,7 +110,7 @@ impl RouteTable {
                 Some(old) => {
                     if wit_routes(old.routes()) != wit_routes(&model.routes) {
                         old.router
-                            .refresh_route_table(wit_routes(&model.routes))
+                            .refresh_route_table(for_router(&model.routes))
                             .await
                             .map_err(|e| {
                                 tracing::warn!(model = %model.id, "pushing the new route table failed: {e}")
@@ -119,7 +121,8 @@ impl RouteTable {
                 }
                 None => {
                     let at = format!("model `{}`", model.id);
-                    match new_router(&model, &at, engine, catalog).await {
+                    let routes = for_router(&model.routes);
+                    match new_router(&model, routes, &at, engine, catalog).await {
                         Ok(router) => Arc::new(router),
                         Err(mut p) => {
                             problems.append(&mut p);
@@ -190,6 +193,7 @@ impl RouteTable {
 /// Validates a model's strategy and params and instantiates its router; `at` prefixes problems.
 async fn new_router(
     model: &ModelConfig,
+    routes: Vec<Route>,
     at: &str,
     engine: &StrategyEngine,
     catalog: &StrategyCatalog,
@@ -221,7 +225,6 @@ async fn new_router(
             })
             .collect());
     }
-    let routes = wit_routes(&model.routes);
     match ModelRouter::new(
         engine,
         strategy.clone(),

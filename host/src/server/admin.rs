@@ -322,6 +322,7 @@ pub async fn health_deep(State(gateway): State<Arc<Gateway>>) -> Response {
         "database": gateway.store.as_ref().map(|s| s.backend()),
         "database_sync": gateway.store.as_ref().map(|s| s.snapshots().status()),
         "api_logs": api_log,
+        "quota": gateway.routing.quota.report(),
     }))
     .into_response()
 }
