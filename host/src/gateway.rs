@@ -125,7 +125,12 @@ impl Gateway {
             inbound_routes: RwLock::new(Arc::new(inbound_routes)),
             snapshot: RwLock::new(snapshot),
             rebuild_problems: Mutex::new(Vec::new()),
-            routing: RoutingContext::new(&config),
+            routing: {
+                let ctx = RoutingContext::new(&config);
+                ctx.keys
+                    .update_declarations(routing.table.models().flat_map(|m| m.routes().iter()));
+                ctx
+            },
             overrides: Mutex::new(Overrides::default()),
             unhealthy_origins: Mutex::new(HashSet::new()),
             rebuild: tokio::sync::Mutex::new(()),
@@ -183,6 +188,13 @@ impl Gateway {
                 }
                 *last = problems;
             }
+        }
+        let dropped = self
+            .routing
+            .keys
+            .update_declarations(table.models().flat_map(|m| m.routes().iter()));
+        if dropped > 0 {
+            tracing::info!("key pool declarations changed: {dropped} key bindings dropped");
         }
         *self.table.write() = Arc::new(table);
         *self.inbound_routes.write() = Arc::new(RouteSet::build(&self.config, &snapshot));

@@ -562,6 +562,8 @@ async fn keys_expand_into_candidates_and_lower_tiers_wait_for_higher_ones(db: Db
     let gateway = start(
         &db,
         &[
+            // One anonymous caller sends everything: key affinity would keep it on one key.
+            ("ROUTING_KEY_AFFINITY_ENABLED", "0"),
             ("CIRCUIT_FAILURE_THRESHOLD", "100000"),
             ("CIRCUIT_MIN_AVAILABILITY", "0"),
         ],
@@ -628,9 +630,28 @@ async fn keys_expand_into_candidates_and_lower_tiers_wait_for_higher_ones(db: Db
         "lower tier used while the higher one served"
     );
 
-    // One key rejected: its share falls back to the other key of the same tier, not lower.
-    high.behave(json!({"fail_credentials": {"key-heavy": 429}}))
+    // One key rate-limited: it is quieted after its first 429 (for the answer's Retry-After), its
+    // share goes to the other key of the same tier, never to the lower tier.
+    high.behave(json!({"fail_credentials": {"key-heavy": 429}, "retry_after_seconds": 1}))
         .await;
+    let before = credential_counts(&high).await;
+    for _ in 0..40 {
+        let (status, body) = chat(&gateway, "/v1/chat/completions", Auth::None, "m").await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let after = credential_counts(&high).await;
+    let delta = |key: &str| after[key].as_u64().unwrap_or(0) - before[key].as_u64().unwrap_or(0);
+    assert_eq!(delta("key-heavy"), 1, "asked once, then quieted: {after}");
+    assert_eq!(delta("key-light"), 40);
+    assert_eq!(
+        low.chat_requests().await,
+        base_low,
+        "lower tier used while a higher key served"
+    );
+    // The quiet period ends by itself.
+    high.behave(json!({})).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let before = credential_counts(&high).await;
     for _ in 0..40 {
         assert_eq!(
             chat(&gateway, "/v1/chat/completions", Auth::None, "m")
@@ -639,11 +660,9 @@ async fn keys_expand_into_candidates_and_lower_tiers_wait_for_higher_ones(db: Db
             200
         );
     }
-    assert_eq!(
-        low.chat_requests().await,
-        base_low,
-        "lower tier used while a higher key served"
-    );
+    let after = credential_counts(&high).await;
+    let delta = |key: &str| after[key].as_u64().unwrap_or(0) - before[key].as_u64().unwrap_or(0);
+    assert!(delta("key-heavy") > 0, "the quieted key is back: {after}");
 
     // The whole higher tier fails: the lower tier serves, as the third attempt.
     high.behave(json!({"fail_status": 503})).await;

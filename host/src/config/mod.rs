@@ -106,6 +106,7 @@ pub struct RoutingConfig {
     pub affinity: crate::routing::affinity::AffinityConfig,
     pub prefill: crate::routing::prefill::PrefillConfig,
     pub database_models: DatabaseModelsConfig,
+    pub key_pools: crate::upstream::key_pool::KeyPoolConfig,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -154,14 +155,34 @@ pub struct RouteConfig {
     pub priority: i32,
     /// The upstream group (`default` unless declared); callers limited to other groups skip it.
     pub group: String,
-    /// The least role a caller needs for this route's key (database keys carry one).
+    /// The least role a caller needs for this route's key: the strictest declaration of the
+    /// key anywhere (YAML, database key, reservation by hash).
     pub min_role: crate::store::model::Role,
+    /// The key pool slot this route stands for; `None` without a key.
+    pub key: Option<PoolKey>,
     pub input_modalities: Vec<String>,
     pub pricing: Option<raw::RawPricing>,
     pub local_deployment: bool,
     pub metadata: serde_json::Map<String, serde_json::Value>,
     /// The inbound calls this route serves.
     pub capabilities: Vec<Capability>,
+}
+
+/// One key of a pool: every key of an upstream (or of a YAML route's `api_key`/`api_keys`) is a
+/// candidate of its own; the pool ties them together for reservations, quieting and key affinity.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolKey {
+    /// `{model}:{location}` for a YAML route, `upstream:{id}` for a database upstream.
+    pub pool: String,
+    /// Position in the pool's declaration order (ties among equally reserved keys).
+    pub slot: usize,
+    /// SHA-256 (hex) of the secret: how reservations by hash and quieting find it.
+    pub fingerprint: String,
+    /// The key's own id for logs (`k{slot}` in YAML, the database key id).
+    pub label: String,
+    /// The keys carry their own weights (database `lb_weight`): among equally reserved keys the
+    /// weighted order of the strategy decides instead of declaration order.
+    pub weighted: bool,
 }
 
 impl Config {
@@ -325,13 +346,34 @@ fn validate(
                 format!("{base_id}-{n}")
             };
             let is_loopback = endpoint_id::is_loopback(&url);
-            routes.push(RouteConfig {
-                index: ri as u32,
-                endpoint_id,
+            // The pool: `api_key` then `api_keys`, unset ones skipped, a repeated key collapsed
+            // into one slot with the strictest role.
+            let mut keys: Vec<(String, crate::store::model::Role)> = Vec::new();
+            let declared = r
+                .api_key
+                .iter()
+                .map(|k| (k.clone(), Default::default()))
+                .chain(r.api_keys.iter().map(|k| match k {
+                    raw::RawKey::Plain(k) => (k.clone(), Default::default()),
+                    raw::RawKey::Reserved(k) => (k.key.clone(), k.min_role),
+                }));
+            for (key, role) in declared {
+                let key = key.trim().to_owned();
+                if key.is_empty() {
+                    continue;
+                }
+                match keys.iter_mut().find(|(k, _)| *k == key) {
+                    Some((_, strictest)) => *strictest = (*strictest).max(role),
+                    None => keys.push((key, role)),
+                }
+            }
+            let template = RouteConfig {
+                index: 0,
+                endpoint_id: endpoint_id.clone(),
                 kind: r.kind,
                 base_url: r.base_url.trim().trim_end_matches('/').to_owned(),
                 provider_model_id: r.provider_model_id.unwrap_or_else(|| m.id.clone()),
-                api_key: r.api_key.filter(|k| !k.is_empty()),
+                api_key: None,
                 weight: r.weight,
                 declared_weight: r.weight,
                 weight_note: None,
@@ -342,6 +384,7 @@ fn validate(
                     Some(g) => g.to_owned(),
                 },
                 min_role: crate::store::model::Role::Free,
+                key: None,
                 input_modalities: r.input_modalities.unwrap_or_else(|| vec!["text".into()]),
                 pricing: r.pricing,
                 local_deployment: r.local_deployment.unwrap_or(is_loopback),
@@ -349,7 +392,33 @@ fn validate(
                 capabilities: r
                     .capabilities
                     .unwrap_or_else(|| r.kind.default_capabilities()),
-            });
+            };
+            if keys.is_empty() {
+                routes.push(RouteConfig {
+                    index: routes.len() as u32,
+                    ..template
+                });
+                continue;
+            }
+            // The route's share of traffic is split evenly among its keys.
+            let share = r.weight / keys.len() as f64;
+            for (slot, (key, role)) in keys.into_iter().enumerate() {
+                routes.push(RouteConfig {
+                    index: routes.len() as u32,
+                    weight: share,
+                    declared_weight: share,
+                    min_role: role,
+                    key: Some(PoolKey {
+                        pool: endpoint_id.clone(),
+                        slot,
+                        fingerprint: crate::store::model::hash_secret(&key),
+                        label: format!("k{slot}"),
+                        weighted: false,
+                    }),
+                    api_key: Some(key),
+                    ..template.clone()
+                });
+            }
         }
 
         models.push(ModelConfig {
@@ -404,6 +473,7 @@ fn validate(
         trusted_proxies.push(net);
     }
     let (affinity, prefill) = affinity_and_prefill(path, &raw.routing, env)?;
+    let key_pools = key_pool_config(path, &raw.routing.key_pools, env)?;
     let mut routes = Vec::with_capacity(raw.routes.len());
     let mut prefixes: HashSet<String> = HashSet::new();
     for (i, r) in raw.routes.into_iter().enumerate() {
@@ -503,6 +573,7 @@ fn validate(
             affinity,
             prefill,
             database_models,
+            key_pools,
         },
         health,
         upstream: UpstreamConfig {
@@ -546,6 +617,44 @@ fn pick<T: std::str::FromStr + Copy>(
         }),
         None => Ok(file.unwrap_or(default)),
     }
+}
+
+/// Key-pool knobs: environment first, then `routing.key_pools`.
+fn key_pool_config(
+    path: &Path,
+    raw: &raw::RawKeyPools,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<crate::upstream::key_pool::KeyPoolConfig, ConfigError> {
+    let d = crate::upstream::key_pool::KeyPoolConfig::default();
+    let seconds = |var: &str, file: Option<f64>, default: Duration| {
+        pick(path, env, var, file, default.as_secs_f64())
+            .map(|s| Duration::from_secs_f64(s.max(0.0)))
+    };
+    Ok(crate::upstream::key_pool::KeyPoolConfig {
+        affinity_enabled: pick(
+            path,
+            env,
+            "ROUTING_KEY_AFFINITY_ENABLED",
+            raw.affinity_enabled.map(Flag),
+            Flag(d.affinity_enabled),
+        )?
+        .0,
+        affinity_ttl: seconds(
+            "KEY_AFFINITY_TTL_SECONDS",
+            raw.affinity_ttl_seconds,
+            d.affinity_ttl,
+        )?,
+        rate_limited_quiet: seconds(
+            "KEY_QUIET_RATE_LIMITED_SECONDS",
+            raw.rate_limited_quiet_seconds,
+            d.rate_limited_quiet,
+        )?,
+        rejected_quiet: seconds(
+            "KEY_QUIET_REJECTED_SECONDS",
+            raw.rejected_quiet_seconds,
+            d.rejected_quiet,
+        )?,
+    })
 }
 
 /// Affinity and prefill knobs: environment first, then `routing.affinity` / `routing.prefill`.

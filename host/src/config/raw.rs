@@ -140,6 +140,22 @@ pub struct RawRouting {
     /// The strategy of models that exist only in the database (`upstream_models`).
     #[serde(default)]
     pub database_models: RawDatabaseModels,
+    #[serde(default)]
+    pub key_pools: RawKeyPools,
+}
+
+/// Key-pool knobs; the environment variables named on each field win.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawKeyPools {
+    /// `ROUTING_KEY_AFFINITY_ENABLED`: keep a caller on its key of a pool.
+    pub affinity_enabled: Option<bool>,
+    /// `KEY_AFFINITY_TTL_SECONDS` (300)
+    pub affinity_ttl_seconds: Option<f64>,
+    /// `KEY_QUIET_RATE_LIMITED_SECONDS`: quiet period after a 429 without Retry-After (30).
+    pub rate_limited_quiet_seconds: Option<f64>,
+    /// `KEY_QUIET_REJECTED_SECONDS`: quiet period after a 401/402/403 without Retry-After (300).
+    pub rejected_quiet_seconds: Option<f64>,
 }
 
 /// How models known only from the database are routed.
@@ -192,6 +208,7 @@ impl Default for RawRouting {
             affinity: RawAffinity::default(),
             prefill: RawPrefill::default(),
             database_models: RawDatabaseModels::default(),
+            key_pools: RawKeyPools::default(),
         }
     }
 }
@@ -283,6 +300,10 @@ pub struct RawRoute {
     /// The model name the upstream knows; the public model id when absent.
     pub provider_model_id: Option<String>,
     pub api_key: Option<String>,
+    /// A pool of keys for this upstream, used after `api_key`: each a string or
+    /// `{key, min_role}` (`free` = not reserved). Empty strings (unset `${VAR:-}`) are skipped.
+    #[serde(default)]
+    pub api_keys: Vec<RawKey>,
     #[serde(default)]
     pub priority: i32,
     /// The upstream group this route belongs to; callers restricted to other groups never reach
@@ -299,6 +320,23 @@ pub struct RawRoute {
 }
 
 pub use crate::store::model::Capability;
+
+/// One key of a route's pool.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum RawKey {
+    Plain(String),
+    Reserved(RawReservedKey),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawReservedKey {
+    pub key: String,
+    /// The least role a caller needs to spend this key.
+    #[serde(default)]
+    pub min_role: crate::store::model::Role,
+}
 
 impl ProviderKind {
     /// What a provider of this kind serves unless a route says otherwise: the same defaults as a

@@ -81,6 +81,8 @@ pub struct Behaviour {
     /// Credentials (the bearer token or `x-api-key`, without `Bearer `) answered with this status,
     /// as a provider rejects one key of a pool.
     pub fail_credentials: BTreeMap<String, u16>,
+    /// Sent as `Retry-After` (seconds) with every failure on command.
+    pub retry_after_seconds: Option<u64>,
 }
 
 /// What the mock received, for assertions.
@@ -461,7 +463,15 @@ async fn chat(
 ) -> Response {
     let behaviour = match admit(&state, &uri, &headers, &body, Kind::Chat, dialect) {
         Ok(b) => b,
-        Err((status, message)) => return error_response(dialect, status, &message),
+        Err((status, message)) => {
+            let mut response = error_response(dialect, status, &message);
+            if let Some(seconds) = state.behaviour.lock().retry_after_seconds {
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, seconds.into());
+            }
+            return response;
+        }
     };
     let request = match dialect.parse_request(&body) {
         Ok(r) => r,

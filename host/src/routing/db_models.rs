@@ -28,20 +28,20 @@ fn database_routes(snapshot: &Snapshot, name: &str, first_index: u32) -> Vec<Rou
             continue;
         }
         let capabilities: Vec<Capability> = snapshot.capabilities(upstream).to_vec();
+        let weighted = enabled.iter().any(|k| k.lb_weight.is_some_and(|w| w > 0.0));
         let slots: Vec<Option<&db::UpstreamKey>> = if enabled.is_empty() {
             vec![None]
         } else {
             enabled.into_iter().map(Some).collect()
         };
-        for key in slots {
+        for (slot, key) in slots.into_iter().enumerate() {
             let weight = key
                 .and_then(|k| k.lb_weight)
                 .filter(|w| *w > 0.0)
                 .unwrap_or(upstream.lb_weight);
-            let endpoint_id = match key {
-                Some(k) => format!("{name}:{}:{}", upstream.id, k.id),
-                None => format!("{name}:{}", upstream.id),
-            };
+            // Every key of the upstream shares its endpoint: health, prefill load and session
+            // affinity belong to the server; the key pool picks among its keys.
+            let endpoint_id = format!("{name}:{}", upstream.id);
             let mut metadata = serde_json::Map::new();
             metadata.insert("upstream_id".into(), upstream.id.clone().into());
             if let Some(k) = key {
@@ -64,6 +64,13 @@ fn database_routes(snapshot: &Snapshot, name: &str, first_index: u32) -> Vec<Rou
                 }),
                 group: upstream.group.clone(),
                 min_role: key.map(|k| k.min_role).unwrap_or_default(),
+                key: key.map(|k| crate::config::PoolKey {
+                    pool: format!("upstream:{}", upstream.id),
+                    slot,
+                    fingerprint: db::hash_secret(k.secret.expose()),
+                    label: k.id.clone(),
+                    weighted,
+                }),
                 // The database does not describe modalities: let the upstream judge.
                 input_modalities: ["text", "image", "audio", "video"]
                     .map(String::from)
@@ -234,9 +241,9 @@ mod tests {
         assert_eq!(
             summary,
             vec![
-                ("db-only:u-keys:k1", 3.0, 5, "g1", Some("secret-k1")),
-                ("db-only:u-keys:k2", 2.0, 5, "g1", Some("secret-k2")),
-                ("db-only:u-keys:k3", 2.0, 5, "g1", Some("secret-k3")),
+                ("db-only:u-keys", 3.0, 5, "g1", Some("secret-k1")),
+                ("db-only:u-keys", 2.0, 5, "g1", Some("secret-k2")),
+                ("db-only:u-keys", 2.0, 5, "g1", Some("secret-k3")),
                 ("db-only:u-plain", 1.5, 0, "default", None),
             ]
         );

@@ -116,6 +116,30 @@ fn not_tried(excluded: &mut Vec<Exclusion>, routes: &[RouteConfig], rest: &[usiz
     }
 }
 
+/// A key rejected by the upstream (401/402/403/429) is quieted; the rejection is the key's, so the
+/// endpoint's health hears nothing (`Neutral`). `None` when the attempt used no pool key.
+fn key_outcome(
+    ctx: &RoutingContext,
+    route: &RouteConfig,
+    plan: &Plan,
+    e: &AttemptError,
+) -> Option<Outcome> {
+    let key = route.key.as_ref().filter(|_| plan.credential.is_none())?;
+    let AttemptError::Status {
+        status,
+        retry_after,
+        ..
+    } = e
+    else {
+        return None;
+    };
+    if !crate::upstream::key_pool::is_key_rejection(*status) {
+        return None;
+    }
+    ctx.keys.quiet(key, *status, *retry_after, Instant::now());
+    Some(Outcome::Neutral)
+}
+
 /// What a failed attempt says about the endpoint's health.
 fn outcome_of(e: &AttemptError) -> Outcome {
     match e {
@@ -336,12 +360,8 @@ pub async fn chat(
                 });
             }
             Err(e) => {
-                health.record(
-                    &route.endpoint_id,
-                    ticket,
-                    outcome_of(&e),
-                    Some(&e.to_string()),
-                );
+                let outcome = key_outcome(ctx, route, &plan, &e).unwrap_or_else(|| outcome_of(&e));
+                health.record(&route.endpoint_id, ticket, outcome, Some(&e.to_string()));
                 // An error from the affinity endpoint drops the pin; the next request re-pins.
                 if let Some(c) = &caller {
                     ctx.affinity.drop_if(c, model.id(), &route.endpoint_id);
@@ -436,12 +456,9 @@ pub async fn embeddings(
                 ));
             }
             Err(e) => {
-                ctx.health.record(
-                    &route.endpoint_id,
-                    ticket,
-                    outcome_of(&e),
-                    Some(&e.to_string()),
-                );
+                let outcome = key_outcome(ctx, route, &plan, &e).unwrap_or_else(|| outcome_of(&e));
+                ctx.health
+                    .record(&route.endpoint_id, ticket, outcome, Some(&e.to_string()));
                 failed.push(FailedAttempt::new(route, &e));
             }
         }

@@ -31,6 +31,8 @@ pub struct RoutingContext {
     pub affinity: Arc<affinity::AffinityTable>,
     /// Quota snapshots and the local request counter (`quota`).
     pub quota: Arc<quota::QuotaBoard>,
+    /// Upstream key reservations, quieting and key affinity.
+    pub keys: Arc<crate::upstream::key_pool::KeyPools>,
 }
 
 impl RoutingContext {
@@ -40,6 +42,9 @@ impl RoutingContext {
             prefill: Arc::new(prefill::PrefillTracker::new(config.routing.prefill)),
             affinity: Arc::new(affinity::AffinityTable::new(config.routing.affinity)),
             quota: Arc::new(quota::QuotaBoard::new()),
+            keys: Arc::new(crate::upstream::key_pool::KeyPools::new(
+                config.routing.key_pools,
+            )),
         }
     }
 }

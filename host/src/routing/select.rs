@@ -8,9 +8,10 @@ use crate::strategy::bindings::PrefillPolicy;
 use crate::strategy::{Candidate, CircuitState as WitCircuit, Modalities, Request};
 
 use super::RoutingContext;
-use super::health::{CircuitState, HealthRegistry};
+use super::health::{CircuitState, HealthRegistry, Outcome};
 use super::policy::zero_reason;
 use super::table::ModelEntry;
+use crate::upstream::key_pool::{KeyPools, PoolTally, order_within_pools};
 
 /// What the pipeline knows about a request before choosing, reduced to what routing needs.
 #[derive(Debug, Clone, Default)]
@@ -29,6 +30,10 @@ pub struct RequestFacts {
     pub groups: Option<std::sync::Arc<[String]>>,
     /// How many routes may be tried (the inbound route's `max_attempts`); `None`: all of them.
     pub max_attempts: Option<usize>,
+    /// The caller's tier for reserved keys; `None` (no user identity) may use every key.
+    pub role: Option<crate::store::model::Role>,
+    /// The caller's own credential goes upstream (pass-through route): key pools do not apply.
+    pub own_credential: bool,
 }
 
 /// A route left out before or during dispatch, and why.
@@ -240,7 +245,12 @@ pub async fn select_at(
         };
     }
 
-    // 3. Weight and breaker admission.
+    // 3. Key pools: keys reserved above the caller are invisible to it, quieted keys sit out.
+    if !facts.own_credential {
+        admit_keys(ctx, facts, &mut admitted, &mut excluded, now);
+    }
+
+    // 4. Weight and breaker admission.
     let mut candidates = Vec::with_capacity(admitted.len());
     for route in admitted {
         if route.weight <= 0.0 {
@@ -287,7 +297,7 @@ pub async fn select_at(
         });
     }
 
-    // 4. Session affinity: reuse the caller's endpoint while it is admitted and not backed up.
+    // 5. Session affinity: reuse the caller's endpoint while it is admitted and not backed up.
     let caller = facts.caller.as_ref().filter(|_| ctx.affinity.enabled());
     let recorded = caller.and_then(|c| ctx.affinity.get(c, model.id(), now));
     let mut affinity = match (&caller, &recorded) {
@@ -323,7 +333,7 @@ pub async fn select_at(
         }
     }
 
-    // 5. The strategy orders what is left.
+    // 6. The strategy orders what is left.
     let p = ctx.prefill.config();
     let request = Request {
         caller_hash: facts.caller_hash,
@@ -355,7 +365,11 @@ pub async fn select_at(
         order.retain(|&x| x != i);
         order.insert(0, i);
     }
-    let order: Vec<usize> = order.iter().map(|&i| position(routes, i)).collect();
+    let mut order: Vec<usize> = order.iter().map(|&i| position(routes, i)).collect();
+    // 7. Within each key pool: the caller's bound key, then the most reserved keys.
+    if !facts.own_credential {
+        order_keys(ctx, facts, routes, &mut order, now);
+    }
     let affinity_endpoint = match (caller, order.first()) {
         (Some(c), Some(&first)) => {
             let endpoint = routes[first].endpoint_id.clone();
@@ -377,6 +391,101 @@ pub async fn select_at(
         max_attempts,
         credential: None,
     })
+}
+
+/// Drops the candidates whose key the caller may not or cannot spend now, and charges an
+/// exhausted pool's endpoint one failure (a reserved-only pool is not charged: nothing was sent
+/// and it still serves the tiers that own its keys).
+fn admit_keys(
+    ctx: &RoutingContext,
+    facts: &RequestFacts,
+    admitted: &mut Vec<&RouteConfig>,
+    excluded: &mut Vec<Exclusion>,
+    now: Instant,
+) {
+    let mut tallies: Vec<(&str, &str, PoolTally)> = Vec::new();
+    admitted.retain(|route| {
+        let Some(key) = &route.key else {
+            return true;
+        };
+        let at = match tallies.iter().position(|(pool, _, _)| *pool == key.pool) {
+            Some(at) => at,
+            None => {
+                tallies.push((&key.pool, &route.endpoint_id, PoolTally::default()));
+                tallies.len() - 1
+            }
+        };
+        let tally = &mut tallies[at].2;
+        let quiet = ctx.keys.quiet_until(&key.fingerprint, now);
+        let reason = if !KeyPools::visible(route.min_role, facts.role) {
+            if quiet.is_none() {
+                tally.role_restricted += 1;
+            } else {
+                tally.quieted += 1;
+            }
+            format!(
+                "key {} is reserved for {} callers and above (KeyPoolRoleRestricted)",
+                key.label,
+                route.min_role.as_str()
+            )
+        } else if let Some(q) = quiet {
+            tally.quieted += 1;
+            format!(
+                "key {} quieted for {:.0} s after HTTP {}",
+                key.label,
+                q.until.saturating_duration_since(now).as_secs_f64(),
+                q.status
+            )
+        } else {
+            tally.usable += 1;
+            return true;
+        };
+        excluded.push(Exclusion {
+            endpoint_id: route.endpoint_id.clone(),
+            reason,
+        });
+        false
+    });
+    for (pool, endpoint, tally) in tallies {
+        if tally.usable == 0 && tally.role_restricted == 0 {
+            // KeyPoolExhausted: to the breaker, a pool nobody can use is a failing upstream.
+            if let Some(ticket) = ctx.health.claim(endpoint, now) {
+                ctx.health.record_at(
+                    endpoint,
+                    ticket,
+                    Outcome::Failure,
+                    Some(&format!(
+                        "KeyPoolExhausted: every key of pool {pool} is quieted"
+                    )),
+                    now,
+                );
+            }
+        }
+    }
+}
+
+/// Orders each pool's keys within the positions the strategy gave the pool, and binds the caller
+/// to the primary's key unless it already has a live binding in that pool (a binding to a
+/// quieted key survives: the order walks around it).
+fn order_keys(
+    ctx: &RoutingContext,
+    facts: &RequestFacts,
+    routes: &[RouteConfig],
+    order: &mut [usize],
+    now: Instant,
+) {
+    let caller = facts.caller.as_ref();
+    order_within_pools(routes, order, &|pool| {
+        caller.and_then(|c| ctx.keys.binding(c, pool, facts.role, now))
+    });
+    if let (Some(c), Some(key)) = (
+        caller,
+        order.first().and_then(|&p| routes.get(p)?.key.as_ref()),
+    ) && ctx.keys.binding(c, &key.pool, facts.role, now).is_none()
+    {
+        ctx.keys
+            .bind(c, &key.pool, &key.fingerprint, facts.role, now);
+    }
 }
 
 /// Position of a declared index in the route list (they coincide for config-built tables).

@@ -38,6 +38,8 @@ impl Admission {
             call,
             groups: Some(self.principal.groups.clone()),
             max_attempts: Some(self.max_attempts),
+            role: self.principal.role,
+            own_credential: self.principal.upstream_credential.is_some(),
             ..RequestFacts::default()
         }
     }

@@ -1,5 +1,7 @@
 //! Talking to upstreams: one pooled HTTP client, timeouts, and errors that say what failed.
 
+pub mod key_pool;
+
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -20,7 +22,12 @@ pub enum AttemptError {
     Timeout(Duration),
     /// The upstream answered with a non-2xx status.
     #[error("upstream answered HTTP {status}: {body}")]
-    Status { status: u16, body: String },
+    Status {
+        status: u16,
+        body: String,
+        /// The answer's `Retry-After`, in seconds form or as an HTTP date.
+        retry_after: Option<Duration>,
+    },
     /// The upstream answered 2xx with something that is not a valid response.
     #[error("invalid upstream response: {0}")]
     InvalidResponse(String),
@@ -115,6 +122,11 @@ impl UpstreamClient {
         if status.is_success() {
             return Ok(response);
         }
+        let retry_after = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_retry_after);
         let body = tokio::time::timeout(Duration::from_secs(5), response.bytes())
             .await
             .ok()
@@ -123,6 +135,7 @@ impl UpstreamClient {
         Err(AttemptError::Status {
             status: status.as_u16(),
             body: truncate(&body),
+            retry_after,
         })
     }
 
@@ -133,6 +146,19 @@ impl UpstreamClient {
             .map_err(|_| AttemptError::Timeout(self.request_timeout))?
             .map_err(|e| AttemptError::Transport(describe(&e)))
     }
+}
+
+/// `Retry-After` as delay-seconds or an HTTP date (RFC 9110 §10.2.3); a date in the past is 0.
+pub fn parse_retry_after(value: &str) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(
+        at.duration_since(std::time::SystemTime::now())
+            .unwrap_or_default(),
+    )
 }
 
 /// reqwest's Display hides the cause ("error sending request"); the chain says what happened.
