@@ -11,6 +11,7 @@ mod harness;
 mod affinity;
 mod config_errors;
 mod health;
+mod key_pools;
 mod pipeline;
 mod proxy;
 mod quota;

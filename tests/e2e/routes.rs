@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use crate::harness::{Gateway, Mock, PgSchema, chat_body};
 
-const TOKEN: &str = "routes-admin-token";
+pub(crate) const TOKEN: &str = "routes-admin-token";
 
 /// Which database a scenario runs on; holds the PostgreSQL schema while the test lives.
 enum Db {
@@ -73,18 +73,23 @@ fn start(db: &Db, extra_env: &[(&str, &str)]) -> Gateway {
 }
 
 /// The management API of one gateway.
-struct Admin {
+pub(crate) struct Admin {
     base: String,
 }
 
 impl Admin {
-    fn of(gateway: &Gateway) -> Admin {
+    pub(crate) fn of(gateway: &Gateway) -> Admin {
         Admin {
             base: gateway.url(""),
         }
     }
 
-    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
+    pub(crate) async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Value {
         let mut request = reqwest::Client::new()
             .request(method.clone(), format!("{}{path}", self.base))
             .bearer_auth(TOKEN);
@@ -101,15 +106,15 @@ impl Admin {
         value
     }
 
-    async fn post(&self, path: &str, body: Value) -> Value {
+    pub(crate) async fn post(&self, path: &str, body: Value) -> Value {
         self.call(reqwest::Method::POST, path, Some(body)).await
     }
 
-    async fn patch(&self, path: &str, body: Value) -> Value {
+    pub(crate) async fn patch(&self, path: &str, body: Value) -> Value {
         self.call(reqwest::Method::PATCH, path, Some(body)).await
     }
 
-    async fn provider(&self, name: &str, protocol: &str) -> String {
+    pub(crate) async fn provider(&self, name: &str, protocol: &str) -> String {
         id(self
             .post(
                 "/admin/providers",
@@ -119,7 +124,7 @@ impl Admin {
     }
 
     /// An upstream at `mock`, serving `models` under the same names.
-    async fn upstream(
+    pub(crate) async fn upstream(
         &self,
         provider: &str,
         mock: &Mock,
@@ -141,7 +146,12 @@ impl Admin {
         upstream
     }
 
-    async fn upstream_key(&self, upstream: &str, secret: &str, lb_weight: Option<f64>) -> String {
+    pub(crate) async fn upstream_key(
+        &self,
+        upstream: &str,
+        secret: &str,
+        lb_weight: Option<f64>,
+    ) -> String {
         id(self
             .post(
                 &format!("/admin/upstreams/{upstream}/keys"),
@@ -150,13 +160,13 @@ impl Admin {
             .await)
     }
 
-    async fn route(&self, body: Value) -> String {
+    pub(crate) async fn route(&self, body: Value) -> String {
         id(self.post("/admin/routes", body).await)
     }
 
     /// A consumer with `groups` and one key with `key_groups`; returns (consumer id, key id,
     /// secret).
-    async fn consumer(
+    pub(crate) async fn consumer(
         &self,
         name: &str,
         groups: &[&str],
@@ -179,7 +189,7 @@ impl Admin {
     }
 }
 
-fn id(v: Value) -> String {
+pub(crate) fn id(v: Value) -> String {
     v["id"]
         .as_str()
         .unwrap_or_else(|| panic!("no id in {v}"))
@@ -188,13 +198,18 @@ fn id(v: Value) -> String {
 
 /// How a test authenticates a request.
 #[derive(Clone, Copy)]
-enum Auth<'a> {
+pub(crate) enum Auth<'a> {
     None,
     Bearer(&'a str),
     ApiKey(&'a str),
 }
 
-async fn post(gateway: &Gateway, path: &str, auth: Auth<'_>, body: Value) -> (u16, Value) {
+pub(crate) async fn post(
+    gateway: &Gateway,
+    path: &str,
+    auth: Auth<'_>,
+    body: Value,
+) -> (u16, Value) {
     let mut request = reqwest::Client::new().post(gateway.url(path)).json(&body);
     request = match auth {
         Auth::None => request,
@@ -212,7 +227,12 @@ async fn post(gateway: &Gateway, path: &str, auth: Auth<'_>, body: Value) -> (u1
     )
 }
 
-async fn chat(gateway: &Gateway, path: &str, auth: Auth<'_>, model: &str) -> (u16, Value) {
+pub(crate) async fn chat(
+    gateway: &Gateway,
+    path: &str,
+    auth: Auth<'_>,
+    model: &str,
+) -> (u16, Value) {
     post(gateway, path, auth, chat_body(model, false)).await
 }
 
@@ -240,7 +260,7 @@ async fn models(gateway: &Gateway, path: &str, auth: Auth<'_>) -> (u16, Vec<Stri
 }
 
 /// Polls until `ready` returns true; panics after `within`. Returns how long it took.
-async fn eventually<F, Fut>(within: Duration, what: &str, mut ready: F) -> Duration
+pub(crate) async fn eventually<F, Fut>(within: Duration, what: &str, mut ready: F) -> Duration
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
@@ -256,7 +276,7 @@ where
 }
 
 /// Waits until `path` serves `model` to `auth` (the database change reached the gateway).
-async fn served(gateway: &Gateway, path: &str, auth: Auth<'_>, model: &str) {
+pub(crate) async fn served(gateway: &Gateway, path: &str, auth: Auth<'_>, model: &str) {
     eventually(
         Duration::from_secs(5),
         &format!("{model} served on {path}"),
@@ -265,7 +285,7 @@ async fn served(gateway: &Gateway, path: &str, auth: Auth<'_>, model: &str) {
     .await;
 }
 
-async fn credential_counts(mock: &Mock) -> Value {
+pub(crate) async fn credential_counts(mock: &Mock) -> Value {
     mock.stats().await["requests_by_credential"].clone()
 }
 

@@ -14,6 +14,7 @@
 pub mod auth;
 mod consumers;
 pub mod error;
+mod provider_keys;
 mod routes;
 mod upstreams;
 
@@ -116,6 +117,18 @@ pub fn management_router() -> Router<Arc<Gateway>> {
                 .delete(upstreams::delete_upstream_key),
         )
         .route(
+            "/admin/provider-keys",
+            get(provider_keys::list).post(provider_keys::create),
+        )
+        .route(
+            "/admin/provider-keys/min-role-env",
+            axum::routing::post(provider_keys::reserve_env_key),
+        )
+        .route(
+            "/admin/provider-keys/{key_id}/min-role",
+            axum::routing::post(provider_keys::set_min_role),
+        )
+        .route(
             "/admin/upstream-models",
             get(upstreams::list_models).post(upstreams::create_model),
         )
@@ -210,6 +223,10 @@ async fn openapi_json(_: AdminCaller) -> Json<utoipa::openapi::OpenApi> {
         upstreams::get_model,
         upstreams::update_model,
         upstreams::delete_model,
+        provider_keys::list,
+        provider_keys::create,
+        provider_keys::set_min_role,
+        provider_keys::reserve_env_key,
     ),
     components(schemas(error::ErrorBody, error::ErrorDetail)),
     modifiers(&CommonResponses),

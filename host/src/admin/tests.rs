@@ -502,6 +502,9 @@ async fn the_openapi_document_lists_every_path() {
         ("/admin/upstream-models/{id}", &["get", "patch", "delete"]),
         ("/admin/store/status", &["get"]),
         ("/admin/openapi.json", &["get"]),
+        ("/admin/provider-keys", &["get", "post"]),
+        ("/admin/provider-keys/min-role-env", &["post"]),
+        ("/admin/provider-keys/{key_id}/min-role", &["post"]),
     ] {
         let item = paths.get(path).unwrap_or_else(|| panic!("{path} missing"));
         for m in methods {
@@ -510,7 +513,7 @@ async fn the_openapi_document_lists_every_path() {
             assert!(op["responses"]["401"].is_object(), "{m} {path}: no 401");
         }
     }
-    assert_eq!(paths.len(), 18, "{:?}", paths.keys().collect::<Vec<_>>());
+    assert_eq!(paths.len(), 21, "{:?}", paths.keys().collect::<Vec<_>>());
     let schemas = doc["components"]["schemas"].as_object().unwrap();
     for schema in [
         "Route",

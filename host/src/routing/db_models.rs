@@ -32,7 +32,13 @@ fn database_routes(snapshot: &Snapshot, name: &str, first_index: u32) -> Vec<Rou
         let slots: Vec<Option<&db::UpstreamKey>> = if enabled.is_empty() {
             vec![None]
         } else {
-            enabled.into_iter().map(Some).collect()
+            // The same secret twice in one upstream is one slot (its strictest role wins below).
+            let mut seen = std::collections::HashSet::new();
+            enabled
+                .into_iter()
+                .filter(|k| seen.insert(k.secret.expose().to_owned()))
+                .map(Some)
+                .collect()
         };
         for (slot, key) in slots.into_iter().enumerate() {
             let weight = key
@@ -122,7 +128,40 @@ pub fn merged_models(config: &Config, snapshot: &Snapshot) -> Vec<ModelConfig> {
         );
     }
     models.extend(extra.into_values());
+    apply_strictest_reservations(&mut models, snapshot);
     models
+}
+
+/// One credential configured in several places (YAML, database keys, a reservation by hash) is
+/// reserved for the strictest role any of them declares, whatever the order.
+fn apply_strictest_reservations(models: &mut [ModelConfig], snapshot: &Snapshot) {
+    let mut strictest: std::collections::HashMap<String, db::Role> = snapshot
+        .rows
+        .key_reservations
+        .iter()
+        .map(|r| (r.key_hash.clone(), r.min_role))
+        .collect();
+    // Database keys count even when disabled: a declaration is a declaration.
+    for k in &snapshot.rows.upstream_keys {
+        let role = strictest
+            .entry(db::hash_secret(k.secret.expose()))
+            .or_default();
+        *role = (*role).max(k.min_role);
+    }
+    for route in models.iter().flat_map(|m| m.routes.iter()) {
+        if let Some(key) = &route.key {
+            let role = strictest.entry(key.fingerprint.clone()).or_default();
+            *role = (*role).max(route.min_role);
+        }
+    }
+    for route in models.iter_mut().flat_map(|m| m.routes.iter_mut()) {
+        if let Some(key) = &route.key {
+            route.min_role = strictest
+                .get(&key.fingerprint)
+                .copied()
+                .unwrap_or(route.min_role);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -116,6 +116,33 @@ fn not_tried(excluded: &mut Vec<Exclusion>, routes: &[RouteConfig], rest: &[usiz
     }
 }
 
+/// Key affinity: a caller served by a pool key keeps that key, unless it already has a live
+/// binding in the pool (a binding to a key that is merely quieted survives; the pool walks around
+/// it until it is back).
+fn bind_key(ctx: &RoutingContext, caller: Option<&Arc<str>>, route: &RouteConfig, plan: &Plan) {
+    let (Some(caller), Some(key)) = (caller, route.key.as_ref()) else {
+        return;
+    };
+    if plan.credential.is_some() {
+        return;
+    }
+    let now = Instant::now();
+    if ctx
+        .keys
+        .binding(caller, &key.pool, plan.role, now)
+        .is_none()
+    {
+        ctx.keys.bind(
+            caller,
+            &key.pool,
+            &key.fingerprint,
+            plan.role,
+            plan.key_generation,
+            now,
+        );
+    }
+}
+
 /// A key rejected by the upstream (401/402/403/429) is quieted; the rejection is the key's, so the
 /// endpoint's health hears nothing (`Neutral`). `None` when the attempt used no pool key.
 fn key_outcome(
@@ -344,6 +371,7 @@ pub async fn chat(
                         ),
                     );
                 }
+                bind_key(ctx, caller.as_ref(), route, &plan);
                 let attribution = Attribution::new(route, failed);
                 return Ok(match answer {
                     Partial::Complete { body, usage } => Answer::Complete {
@@ -445,6 +473,7 @@ pub async fn embeddings(
             Ok(bytes) => {
                 ctx.health
                     .record(&route.endpoint_id, ticket, Outcome::Success, None);
+                // No key binding: embeddings have no prompt cache to keep warm.
                 let attribution = Attribution::new(route, failed);
                 let model_name = body
                     .get("model")

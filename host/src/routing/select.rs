@@ -102,6 +102,11 @@ pub struct Plan {
     pub max_attempts: usize,
     /// On pass-through routes, the client's own credential, used instead of every route's key.
     pub credential: Option<std::sync::Arc<str>>,
+    /// The caller's tier, for the key binding made when a pool key serves.
+    pub role: Option<crate::store::model::Role>,
+    /// The key pools' declaration generation this plan was made under: a binding is only made
+    /// if no declaration changed meanwhile (else a request in flight would undo a drop).
+    pub key_generation: u64,
 }
 
 /// How session affinity took part in a selection.
@@ -229,6 +234,8 @@ pub async fn select_at(
                 affinity: AffinityUse::None,
                 max_attempts: 1,
                 credential: None,
+                role: facts.role,
+                key_generation: ctx.keys.generation(),
             }),
             Some(route) => Err(SelectionError::NoAdmissibleRoute {
                 model: model.id().to_owned(),
@@ -390,6 +397,8 @@ pub async fn select_at(
         affinity,
         max_attempts,
         credential: None,
+        role: facts.role,
+        key_generation: ctx.keys.generation(),
     })
 }
 
@@ -464,9 +473,8 @@ fn admit_keys(
     }
 }
 
-/// Orders each pool's keys within the positions the strategy gave the pool, and binds the caller
-/// to the primary's key unless it already has a live binding in that pool (a binding to a
-/// quieted key survives: the order walks around it).
+/// Orders each pool's keys within the positions the strategy gave the pool (dispatch binds the
+/// caller to the key that serves it).
 fn order_keys(
     ctx: &RoutingContext,
     facts: &RequestFacts,
@@ -478,14 +486,6 @@ fn order_keys(
     order_within_pools(routes, order, &|pool| {
         caller.and_then(|c| ctx.keys.binding(c, pool, facts.role, now))
     });
-    if let (Some(c), Some(key)) = (
-        caller,
-        order.first().and_then(|&p| routes.get(p)?.key.as_ref()),
-    ) && ctx.keys.binding(c, &key.pool, facts.role, now).is_none()
-    {
-        ctx.keys
-            .bind(c, &key.pool, &key.fingerprint, facts.role, now);
-    }
 }
 
 /// Position of a declared index in the route list (they coincide for config-built tables).

@@ -131,6 +131,17 @@ pub trait ConfigStore: Send + Sync + 'static {
     async fn delete_upstream_model(&self, id: &str) -> Result<(), StoreError>;
 
     /// The configuration version: bumped by every write, by any process sharing the database.
+    /// Reservations of keys configured outside the database, by hash.
+    async fn list_key_reservations(&self) -> Result<Vec<KeyReservation>, StoreError>;
+    /// Sets the reservation of the key with this hash; `free` removes it (free is no
+    /// reservation). Returns the stored reservation, if any.
+    async fn set_key_reservation(
+        &self,
+        key_hash: &str,
+        hint: &str,
+        min_role: Role,
+    ) -> Result<Option<KeyReservation>, StoreError>;
+
     async fn version(&self) -> Result<i64, StoreError>;
 
     /// The latest configuration version this process knows of. It moves at once for writes made

@@ -1248,3 +1248,19 @@ mod tests {
         assert_eq!(err.to_string(), "path_prefix: must start with /");
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Key reservations (keys configured outside the database)
+// ---------------------------------------------------------------------------------------------
+
+/// A reservation of an upstream key known only by its hash (a YAML or environment key).
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct KeyReservation {
+    /// SHA-256 (hex) of the key.
+    pub key_hash: String,
+    /// Masked, e.g. `sk-ab…yz`.
+    pub hint: String,
+    pub min_role: Role,
+    pub created_at: i64,
+    pub updated_at: i64,
+}

@@ -31,6 +31,7 @@ pub struct SnapshotRows {
     pub upstreams: Vec<Upstream>,
     pub upstream_keys: Vec<UpstreamKey>,
     pub upstream_models: Vec<UpstreamModel>,
+    pub key_reservations: Vec<KeyReservation>,
 }
 
 /// The configuration at one version, with indexes for lookups in O(1).

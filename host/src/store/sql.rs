@@ -14,6 +14,19 @@ use serde::de::DeserializeOwned;
 use super::StoreError;
 use super::model::*;
 
+/// A `key_reservations` row.
+pub(crate) fn reservation_of(
+    (key_hash, hint, min_role, created_at, updated_at): (String, String, String, i64, i64),
+) -> KeyReservation {
+    KeyReservation {
+        key_hash,
+        hint,
+        min_role: Role::parse(&min_role),
+        created_at,
+        updated_at,
+    }
+}
+
 pub(crate) const ROUTE_COLUMNS: &str = "id, tenant_id, name, path_prefix, disabled_at, disable_auth, passthrough_auth_token, legacy_bearer_auth_tokens, protocol_transformation_type, groups, labels, metadata, max_attempts, created_at, updated_at";
 pub(crate) const PLUGIN_COLUMNS: &str =
     "id, route_id, plugin, config, enabled, created_at, updated_at";
@@ -1429,6 +1442,58 @@ macro_rules! impl_config_store {
                 self.commit(tx, version).await
             }
 
+            // ---- key reservations ----
+
+            async fn list_key_reservations(&self) -> Result<Vec<KeyReservation>, StoreError> {
+                let rows = sqlx::query_as::<$db, (String, String, String, i64, i64)>(
+                    "SELECT key_hash, hint, min_role, created_at, updated_at FROM key_reservations ORDER BY created_at, key_hash",
+                )
+                .fetch_all(&self.pool)
+                .await
+                .map_err(|e| self.db_error(e))?;
+                Ok(rows.into_iter().map(reservation_of).collect())
+            }
+
+            async fn set_key_reservation(
+                &self,
+                key_hash: &str,
+                hint: &str,
+                min_role: Role,
+            ) -> Result<Option<KeyReservation>, StoreError> {
+                let (mut tx, version) = self.begin_write().await?;
+                let err = |e: sqlx::Error| self.db_error(e);
+                if min_role == Role::Free {
+                    sqlx::query("DELETE FROM key_reservations WHERE key_hash = $1")
+                        .bind(key_hash)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(err)?;
+                    self.commit(tx, version).await?;
+                    return Ok(None);
+                }
+                let now = now();
+                sqlx::query(
+                    "INSERT INTO key_reservations (key_hash, hint, min_role, created_at, updated_at) VALUES ($1, $2, $3, $4, $4) \
+                     ON CONFLICT (key_hash) DO UPDATE SET hint = excluded.hint, min_role = excluded.min_role, updated_at = excluded.updated_at",
+                )
+                .bind(key_hash)
+                .bind(hint)
+                .bind(min_role.as_str())
+                .bind(now)
+                .execute(&mut *tx)
+                .await
+                .map_err(err)?;
+                let row = sqlx::query_as::<$db, (String, String, String, i64, i64)>(
+                    "SELECT key_hash, hint, min_role, created_at, updated_at FROM key_reservations WHERE key_hash = $1",
+                )
+                .bind(key_hash)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(err)?;
+                self.commit(tx, version).await?;
+                Ok(Some(reservation_of(row)))
+            }
+
             // ---- change feed and snapshot ----
 
             async fn version(&self) -> Result<i64, StoreError> {
@@ -1474,6 +1539,15 @@ macro_rules! impl_config_store {
                     upstream_models: self
                         .all_in(&mut tx, UPSTREAM_MODEL_COLUMNS, "upstream_models", UpstreamModelRow::decode)
                         .await?,
+                    key_reservations: sqlx::query_as::<$db, (String, String, String, i64, i64)>(
+                        "SELECT key_hash, hint, min_role, created_at, updated_at FROM key_reservations ORDER BY created_at, key_hash",
+                    )
+                    .fetch_all(&mut *tx)
+                    .await
+                    .map_err(err)?
+                    .into_iter()
+                    .map(reservation_of)
+                    .collect(),
                 };
                 tx.commit().await.map_err(err)?;
                 let loaded_at = std::time::SystemTime::now()

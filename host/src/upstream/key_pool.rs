@@ -21,6 +21,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -82,6 +83,8 @@ pub struct KeyPools {
     quiet: Mutex<HashMap<String, Quiet>>,
     bindings: Mutex<HashMap<(Arc<str>, String), Binding>>,
     declarations: Mutex<HashMap<String, Declarations>>,
+    /// Bumped whenever a pool's declarations change.
+    generation: AtomicU64,
 }
 
 /// How one pool stands for one request.
@@ -100,7 +103,13 @@ impl KeyPools {
             quiet: Mutex::new(HashMap::new()),
             bindings: Mutex::new(HashMap::new()),
             declarations: Mutex::new(HashMap::new()),
+            generation: AtomicU64::new(0),
         }
+    }
+
+    /// The declarations' generation; see [`KeyPools::bind`].
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
     }
 
     pub fn config(&self) -> KeyPoolConfig {
@@ -167,19 +176,24 @@ impl KeyPools {
             .map(|b| b.fingerprint.clone())
     }
 
-    /// Binds `caller` to `fingerprint` in `pool` (refreshing the five minutes).
+    /// Binds `caller` to `fingerprint` in `pool` (refreshing the five minutes), unless the
+    /// declarations changed since `generation` (the request chose under older declarations).
     pub fn bind(
         &self,
         caller: &Arc<str>,
         pool: &str,
         fingerprint: &str,
         role: Option<Role>,
+        generation: u64,
         now: Instant,
     ) {
         if !self.config.affinity_enabled {
             return;
         }
         let mut bindings = self.bindings.lock();
+        if self.generation() != generation {
+            return;
+        }
         if bindings.len() > 100_000 {
             bindings.retain(|_, b| b.expires > now);
         }
@@ -206,8 +220,14 @@ impl KeyPools {
             }
         }
         let mut declarations = self.declarations.lock();
+        if *declarations == next {
+            return 0;
+        }
+        // Under the bindings lock, so a bind made under the old declarations cannot slip in.
+        let mut bindings = self.bindings.lock();
+        self.generation.fetch_add(1, Ordering::AcqRel);
         let mut dropped = 0;
-        self.bindings.lock().retain(|(_, pool), binding| {
+        bindings.retain(|(_, pool), binding| {
             let before = declarations.get(pool);
             let after = next.get(pool);
             if before == after {
@@ -424,9 +444,30 @@ mod tests {
         ];
         pools.update_declarations(v1.iter());
         let (free, pro): (Arc<str>, Arc<str>) = (Arc::from("free-caller"), Arc::from("pro-caller"));
-        pools.bind(&free, "a", "fp-second", Some(Role::Free), now);
-        pools.bind(&pro, "a", "fp-shared", Some(Role::Pro), now);
-        pools.bind(&free, "b", "fp-b-only", Some(Role::Free), now);
+        pools.bind(
+            &free,
+            "a",
+            "fp-second",
+            Some(Role::Free),
+            pools.generation(),
+            now,
+        );
+        pools.bind(
+            &pro,
+            "a",
+            "fp-shared",
+            Some(Role::Pro),
+            pools.generation(),
+            now,
+        );
+        pools.bind(
+            &free,
+            "b",
+            "fp-b-only",
+            Some(Role::Free),
+            pools.generation(),
+            now,
+        );
         // Quieting is not a declaration change: nothing dropped.
         pools.quiet(v1[1].key.as_ref().unwrap(), 429, None, now);
         assert_eq!(pools.update_declarations(v1.iter()), 0);
@@ -438,7 +479,11 @@ mod tests {
         // free caller's does not (kept); pool b is untouched.
         let mut v2 = v1.clone();
         v2.push(route(3, "a", 2, "reserved", Role::Pro));
+        let chosen_under = pools.generation();
         assert_eq!(pools.update_declarations(v2.iter()), 1);
+        assert!(pools.binding(&pro, "a", Some(Role::Pro), now).is_none());
+        // A request that chose under the old declarations cannot bring the binding back.
+        pools.bind(&pro, "a", "fp-shared", Some(Role::Pro), chosen_under, now);
         assert!(pools.binding(&pro, "a", Some(Role::Pro), now).is_none());
         assert_eq!(
             pools.binding(&free, "a", Some(Role::Free), now).as_deref(),
@@ -451,7 +496,14 @@ mod tests {
         assert_eq!(pools.update_declarations(v3.iter()), 1);
         assert!(pools.binding(&free, "a", Some(Role::Free), now).is_none());
         // Bindings expire after five minutes.
-        pools.bind(&free, "b", "fp-b-only", Some(Role::Free), now);
+        pools.bind(
+            &free,
+            "b",
+            "fp-b-only",
+            Some(Role::Free),
+            pools.generation(),
+            now,
+        );
         assert!(
             pools
                 .binding(&free, "b", Some(Role::Free), now + Duration::from_secs(301))
