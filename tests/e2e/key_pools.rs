@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::harness::{Gateway, Mock};
-use crate::routes::{Admin, Auth, TOKEN, chat, credential_counts, eventually, served};
+use crate::routes::{Admin, Auth, TOKEN, chat, credential_counts, eventually, known, served};
 
 const FREE: &str = "sk-free-shared-1";
 const FREE_2: &str = "sk-free-shared-2";
@@ -80,6 +80,7 @@ async fn reservations_order_keys_by_tier_and_quieting_ends_by_itself() {
     let free = consumer(&admin, "free-user", "free").await;
     let pro = consumer(&admin, "pro-user", "pro").await;
     let internal = consumer(&admin, "internal-user", "internal").await;
+    known(&gateway, &[&free, &pro, &internal]).await;
     served(&gateway, "/v1/chat/completions", Auth::Bearer(&free), "m").await;
 
     // Each tier drains the most reserved key it may use; a free caller never sees reserved keys.
@@ -164,6 +165,7 @@ async fn key_affinity_survives_traffic_and_quiet_periods_and_drops_on_declaratio
     admin.upstream_key(&upstream, "sk-db-b", None).await;
     let free = consumer(&admin, "free-user", "free").await;
     let pro = consumer(&admin, "pro-user", "pro").await;
+    known(&gateway, &[&free, &pro]).await;
     // Waited for as the admin: a caller of its own, so the test callers have no binding yet.
     served(&gateway, "/v1/chat/completions", Auth::Bearer(TOKEN), "m").await;
     let path = "/v1/chat/completions";
@@ -244,6 +246,7 @@ async fn role_restricted_pools_do_not_open_the_breaker_but_exhausted_ones_do() {
     let admin = Admin::of(&gateway);
     let free = consumer(&admin, "free-user", "free").await;
     let pro = consumer(&admin, "pro-user", "pro").await;
+    known(&gateway, &[&free, &pro]).await;
     served(&gateway, "/v1/chat/completions", Auth::Bearer(&pro), "m").await;
     let reserved_endpoint = format!("local-{}", reserved.port);
     let circuit = || async {
@@ -333,6 +336,7 @@ async fn reservations_by_hash_survive_the_key_leaving_and_the_strictest_declarat
     let admin = Admin::of(&gateway);
     let free = consumer(&admin, "free-user", "free").await;
     let pro = consumer(&admin, "pro-user", "pro").await;
+    known(&gateway, &[&free, &pro]).await;
     served(&gateway, "/v1/chat/completions", Auth::Bearer(&free), "m").await;
     let path = "/v1/chat/completions";
     // Reserve the environment key by value (only its hash is stored).

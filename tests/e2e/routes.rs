@@ -275,6 +275,18 @@ where
     }
 }
 
+/// Waits until every one of `keys` authenticates (the consumers reached the gateway's snapshot).
+pub(crate) async fn known(gateway: &Gateway, keys: &[&str]) {
+    for key in keys {
+        eventually(
+            Duration::from_secs(5),
+            "the consumer key is known",
+            || async { models(gateway, "/v1/models", Auth::Bearer(key)).await.0 == 200 },
+        )
+        .await;
+    }
+}
+
 /// Waits until `path` serves `model` to `auth` (the database change reached the gateway).
 pub(crate) async fn served(gateway: &Gateway, path: &str, auth: Auth<'_>, model: &str) {
     eventually(
@@ -319,6 +331,7 @@ async fn prefixes_and_each_auth_mode_in_priority_order(db: Db) {
         .route(json!({"name": "keys", "path_prefix": "/"}))
         .await;
     let (consumer, key_id, key) = admin.consumer("alice", &[], &[]).await;
+    known(&gateway, &[&key]).await;
 
     served(&gateway, "/open/v1/chat/completions", Auth::None, "m").await;
 
@@ -491,6 +504,7 @@ async fn groups_intersect_route_consumer_and_key(db: Db) {
     let (_, _, consumer_g1) = admin.consumer("consumer-g1", &["g1"], &[]).await;
     let (_, _, key_g2) = admin.consumer("key-g2", &[], &["g2"]).await;
     let (_, _, disjoint) = admin.consumer("disjoint", &["g1"], &["g2"]).await;
+    known(&gateway, &[&unrestricted, &consumer_g1, &key_g2, &disjoint]).await;
     served(
         &gateway,
         "/v1/chat/completions",
@@ -734,6 +748,7 @@ async fn models_list_aggregates_sorts_and_respects_groups(db: Db) {
         .await;
     let (_, _, everyone) = admin.consumer("everyone", &[], &[]).await;
     let (_, _, g9) = admin.consumer("g9-only", &["g9"], &[]).await;
+    known(&gateway, &[&everyone, &g9]).await;
     served(
         &gateway,
         "/v1/chat/completions",

@@ -280,30 +280,25 @@ fn upstream_body(inbound: &Inbound, route: &RouteConfig, dialect: Dialect) -> Ve
     serde_json::to_vec(&body).unwrap_or_default()
 }
 
-/// Tries the plan's routes in order for a chat request in any dialect.
-pub async fn chat(
-    client: &UpstreamClient,
-    ctx: &RoutingContext,
-    caller: Option<Arc<str>>,
-    model: &Arc<ModelEntry>,
-    inbound: &Inbound,
-    plan: Plan,
-) -> Result<Answer, DispatchError> {
-    let health = &ctx.health;
-    let mut failed: Vec<FailedAttempt> = Vec::new();
-    let mut excluded = plan.excluded.clone();
-    let routes = model.routes();
-    for (n, &position) in plan.order.iter().enumerate() {
-        if failed.len() >= plan.max_attempts {
-            not_tried(&mut excluded, routes, &plan.order[n..], plan.max_attempts);
-            break;
-        }
-        let Some(route) = routes.get(position) else {
-            continue;
-        };
-        let Some(ticket) = admit(ctx, route, &plan, &mut excluded) else {
-            continue;
-        };
+/// Everything one chat attempt needs besides its route.
+struct AttemptContext<'a> {
+    client: &'a UpstreamClient,
+    ctx: &'a RoutingContext,
+    caller: &'a Option<Arc<str>>,
+    model: &'a Arc<ModelEntry>,
+    inbound: &'a Inbound,
+    plan: &'a Plan,
+}
+
+impl AttemptContext<'_> {
+    /// Sends the request to `route` and waits for the whole answer, or for a stream's first
+    /// event. Returns when it started.
+    async fn attempt(
+        &self,
+        route: &RouteConfig,
+        ticket: Ticket,
+    ) -> (Result<Partial, AttemptError>, Instant) {
+        let (ctx, caller, inbound) = (self.ctx, self.caller, self.inbound);
         ctx.quota.count_request(&route.endpoint_id); // local quota counter (routing::quota)
         let started = Instant::now();
         // The lease is released at the first token, or wherever this attempt ends (drop).
@@ -317,9 +312,9 @@ pub async fn chat(
             .prefill
             .acquire(caller.clone(), &route.endpoint_id, uncached);
         let dialect = upstream_dialect(route.kind);
-        let (url, auth) = endpoint(route, dialect, plan.credential.as_deref());
+        let (url, auth) = endpoint(route, dialect, self.plan.credential.as_deref());
         let body = upstream_body(inbound, route, dialect);
-        let attempt = match client.post_json(&url, auth, body).await {
+        let result = match self.client.post_json(&url, auth, body).await {
             Ok(response) if inbound.request.stream => {
                 let accounting = StreamAccounting {
                     ctx: ctx.clone(),
@@ -330,18 +325,221 @@ pub async fn chat(
                     prompt_tokens: u64::from(inbound.prompt_tokens),
                 };
                 open_stream(
-                    response, model, route, dialect, inbound, &plan, started, accounting,
+                    response, self.model, route, dialect, inbound, self.plan, started, accounting,
                 )
                 .await
             }
             Ok(response) => {
-                let answer = complete(client, response, route, dialect, inbound).await;
+                let answer = complete(self.client, response, route, dialect, inbound).await;
                 drop(lease);
                 answer
             }
             Err(e) => Err(e),
         };
-        match attempt {
+        (result, started)
+    }
+
+    /// Books a failed attempt: health (or the key pool), affinity, the strategy's observation.
+    fn failed(&self, route: &RouteConfig, ticket: Ticket, started: Instant, e: &AttemptError) {
+        let ctx = self.ctx;
+        let outcome = key_outcome(ctx, route, self.plan, e).unwrap_or_else(|| outcome_of(e));
+        ctx.health
+            .record(&route.endpoint_id, ticket, outcome, Some(&e.to_string()));
+        // An error from the affinity endpoint drops the pin; the next request re-pins.
+        if let Some(c) = self.caller {
+            ctx.affinity.drop_if(c, self.model.id(), &route.endpoint_id);
+        }
+        report(
+            &self.model.router,
+            observation(
+                route,
+                self.plan,
+                self.inbound,
+                false,
+                None,
+                started,
+                ir::Usage::default(),
+                e.status(),
+            ),
+        );
+        tracing::debug!(endpoint = %route.endpoint_id, "attempt failed: {e}");
+    }
+
+    /// The primary attempt, hedged: if it has not answered (or sent its first event) by the
+    /// strategy's hedge time, the backup is sent too and the first answer wins; the other attempt
+    /// is cancelled. A side that fails first is booked and the other one awaited. Returns the
+    /// deciding attempt and the failures booked on the way.
+    async fn hedged<'r>(
+        &self,
+        primary: &'r RouteConfig,
+        primary_ticket: Ticket,
+        hedge: Hedge<'r>,
+        excluded: &mut Vec<Exclusion>,
+    ) -> HedgedOutcome<'r> {
+        let first = self.attempt(primary, primary_ticket);
+        tokio::pin!(first);
+        let done = tokio::select! {
+            done = &mut first => Some(done),
+            () = tokio::time::sleep(hedge.after) => None,
+        };
+        if let Some((result, started)) = done {
+            return HedgedOutcome::single(primary, primary_ticket, result, started);
+        }
+        let Some(backup_ticket) = admit(self.ctx, hedge.backup, self.plan, excluded) else {
+            let (result, started) = first.await;
+            return HedgedOutcome::single(primary, primary_ticket, result, started);
+        };
+        tracing::debug!(
+            primary = %primary.endpoint_id,
+            backup = %hedge.backup.endpoint_id,
+            after_ms = hedge.after.as_millis() as u64,
+            "hedging: the primary has not answered, sending the backup"
+        );
+        let second = self.attempt(hedge.backup, backup_ticket);
+        tokio::pin!(second);
+        let mut failures = Vec::new();
+        let (winner, loser) = tokio::select! {
+            (result, started) = &mut first => ((primary, primary_ticket, result, started), (hedge.backup, backup_ticket)),
+            (result, started) = &mut second => ((hedge.backup, backup_ticket, result, started), (primary, primary_ticket)),
+        };
+        let decided = match winner {
+            (route, ticket, Err(e), started) => {
+                // The first to finish failed: the other one decides.
+                self.failed(route, ticket, started, &e);
+                failures.push(FailedAttempt::new(route, &e));
+                let (result, started) = if std::ptr::eq(loser.0, primary) {
+                    first.await
+                } else {
+                    second.await
+                };
+                (loser.0, loser.1, result, started)
+            }
+            ok => {
+                // The loser is cancelled: it says nothing about its endpoint.
+                self.ctx
+                    .health
+                    .record(&loser.0.endpoint_id, loser.1, Outcome::Neutral, None);
+                ok
+            }
+        };
+        HedgedOutcome {
+            route: decided.0,
+            ticket: decided.1,
+            result: decided.2,
+            started: decided.3,
+            failures,
+            hedged: Some(hedge.backup),
+        }
+    }
+}
+
+/// A hedge the strategy asked for: send `backup` too if the primary has not answered `after`.
+#[derive(Clone, Copy)]
+struct Hedge<'a> {
+    after: std::time::Duration,
+    backup: &'a RouteConfig,
+}
+
+/// The strategy's hedge request, from the `;hedge=<ms>@<route index>` suffix of its metadata
+/// (the host's convention; see `docs/routewise.md`). Never for pinned plans.
+fn hedge_of<'a>(plan: &Plan, routes: &'a [RouteConfig]) -> Option<Hedge<'a>> {
+    if plan.pinned || plan.max_attempts < 2 {
+        return None;
+    }
+    let spec = plan
+        .strategy_metadata
+        .split(';')
+        .find_map(|p| p.strip_prefix("hedge="))?;
+    let (ms, index) = spec.split_once('@')?;
+    let index: u32 = index.parse().ok()?;
+    let backup = routes.iter().find(|r| r.index == index)?;
+    let first = plan.order.first().and_then(|&p| routes.get(p))?;
+    if first.index == index {
+        return None;
+    }
+    Some(Hedge {
+        after: std::time::Duration::from_millis(ms.parse().ok()?),
+        backup,
+    })
+}
+
+struct HedgedOutcome<'a> {
+    route: &'a RouteConfig,
+    ticket: Ticket,
+    result: Result<Partial, AttemptError>,
+    started: Instant,
+    /// Failures booked while racing.
+    failures: Vec<FailedAttempt>,
+    /// The backup, when it was sent: it is not tried again.
+    hedged: Option<&'a RouteConfig>,
+}
+
+impl<'a> HedgedOutcome<'a> {
+    fn single(
+        route: &'a RouteConfig,
+        ticket: Ticket,
+        result: Result<Partial, AttemptError>,
+        started: Instant,
+    ) -> Self {
+        Self {
+            route,
+            ticket,
+            result,
+            started,
+            failures: Vec::new(),
+            hedged: None,
+        }
+    }
+}
+
+/// Tries the plan's routes in order for a chat request in any dialect.
+pub async fn chat(
+    client: &UpstreamClient,
+    ctx: &RoutingContext,
+    caller: Option<Arc<str>>,
+    model: &Arc<ModelEntry>,
+    inbound: &Inbound,
+    plan: Plan,
+) -> Result<Answer, DispatchError> {
+    let health = &ctx.health;
+    let mut failed: Vec<FailedAttempt> = Vec::new();
+    let mut excluded = plan.excluded.clone();
+    let routes = model.routes();
+    let attempts = AttemptContext {
+        client,
+        ctx,
+        caller: &caller,
+        model,
+        inbound,
+        plan: &plan,
+    };
+    let mut hedge = hedge_of(&plan, routes);
+    let mut sent_backup: Option<u32> = None;
+    for (n, &position) in plan.order.iter().enumerate() {
+        if failed.len() >= plan.max_attempts {
+            not_tried(&mut excluded, routes, &plan.order[n..], plan.max_attempts);
+            break;
+        }
+        let Some(route) = routes.get(position) else {
+            continue;
+        };
+        if sent_backup == Some(route.index) {
+            continue;
+        }
+        let Some(ticket) = admit(ctx, route, &plan, &mut excluded) else {
+            continue;
+        };
+        let outcome = match hedge.take() {
+            Some(h) => attempts.hedged(route, ticket, h, &mut excluded).await,
+            None => {
+                let (result, started) = attempts.attempt(route, ticket).await;
+                HedgedOutcome::single(route, ticket, result, started)
+            }
+        };
+        failed.extend(outcome.failures);
+        sent_backup = outcome.hedged.map(|r| r.index);
+        let (route, ticket, started) = (outcome.route, outcome.ticket, outcome.started);
+        match outcome.result {
             Ok(answer) => {
                 if let Partial::Complete { usage, .. } = &answer {
                     health.record(&route.endpoint_id, ticket, Outcome::Success, None);
@@ -388,26 +586,7 @@ pub async fn chat(
                 });
             }
             Err(e) => {
-                let outcome = key_outcome(ctx, route, &plan, &e).unwrap_or_else(|| outcome_of(&e));
-                health.record(&route.endpoint_id, ticket, outcome, Some(&e.to_string()));
-                // An error from the affinity endpoint drops the pin; the next request re-pins.
-                if let Some(c) = &caller {
-                    ctx.affinity.drop_if(c, model.id(), &route.endpoint_id);
-                }
-                report(
-                    &model.router,
-                    observation(
-                        route,
-                        &plan,
-                        inbound,
-                        false,
-                        None,
-                        started,
-                        ir::Usage::default(),
-                        e.status(),
-                    ),
-                );
-                tracing::debug!(endpoint = %route.endpoint_id, "attempt failed: {e}");
+                attempts.failed(route, ticket, started, &e);
                 failed.push(FailedAttempt::new(route, &e));
             }
         }

@@ -39,6 +39,11 @@ use learn::{
     Bounds, CostEnvelope, EnvelopeSettings, LatencyProfile, OutputPredictor, OutputThresholds,
 };
 
+/// A backup must reach the SLO with at least this probability to be worth a hedge.
+pub const HEDGE_TARGET: f64 = 0.99;
+/// Samples a backup's latency profile needs before its distribution is trusted for a hedge.
+pub const HEDGE_MIN_SAMPLES: usize = 20;
+
 /// How long an exploration lease keeps other requests from exploring the same endpoint.
 pub const EXPLORATION_LEASE_MS: u64 = 60_000;
 
@@ -76,8 +81,10 @@ impl DecisionTag {
         )
     }
 
-    /// `None` for anything this strategy did not produce.
+    /// `None` for anything this strategy did not produce. A `;hedge=...` suffix (the host's
+    /// hedging convention) is ignored.
     pub fn parse(text: &str) -> Option<Self> {
+        let text = text.split(';').next().unwrap_or_default();
         let mut parts = text.split(':');
         if parts.next()? != "rw1" {
             return None;
@@ -147,6 +154,7 @@ struct Counters {
     slots_released: u64,
     slots_expired: u64,
     leases_expired: u64,
+    hedges_planned: u64,
 }
 
 /// The router of one model.
@@ -342,6 +350,41 @@ impl RouteWise {
 
     /// Mixture routes by (weight desc, TTFT, cost, index); then the others by (over budget, TTFT,
     /// cost, index). Positions into `feasible`.
+    /// The latency hedge for a request whose primary is `feasible[primary]`: at the checkpoints
+    /// 25 %, 27.5 % … 90 % of the SLO, latest first, the cheapest other feasible route whose
+    /// empirical TTFT distribution meets the time left to the SLO with probability ≥ 0.99 (on at
+    /// least [`HEDGE_MIN_SAMPLES`] samples). The host dispatches it at that checkpoint if the
+    /// primary has produced no first token by then; the first token wins.
+    fn hedge(&self, feasible: &[Evaluated], primary: usize) -> Option<(u64, u32)> {
+        if self.params.latency_hedge_mode != HedgeMode::ProbabilityTarget
+            || self.params.fallback_mode == FallbackMode::Strict
+        {
+            return None;
+        }
+        let slo_ms = self.params.latency_slo_sec * 1_000.0;
+        let mut backups: Vec<&Evaluated> = feasible
+            .iter()
+            .enumerate()
+            .filter(|(p, e)| *p != primary && e.index != feasible[primary].index)
+            .map(|(_, e)| e)
+            .collect();
+        backups.sort_by(|a, b| float_order(a.cost, b.cost).then(a.index.cmp(&b.index)));
+        for step in (0..=26).rev() {
+            let at_ms = slo_ms * (0.25 + 0.025 * f64::from(step));
+            let left = slo_ms - at_ms;
+            let meets = |e: &&Evaluated| {
+                self.latency.get(&e.endpoint_id).is_some_and(|profile| {
+                    profile.len() >= HEDGE_MIN_SAMPLES
+                        && profile.slo_share(left).is_some_and(|p| p >= HEDGE_TARGET)
+                })
+            };
+            if let Some(backup) = backups.iter().copied().find(meets) {
+                return Some((at_ms.round() as u64, backup.index));
+            }
+        }
+        None
+    }
+
     fn fallback_positions(feasible: &[Evaluated], plan: &Plan) -> Vec<usize> {
         let weight = |p: usize| plan.weights.get(p).copied().unwrap_or(0.0);
         let (mut mass, mut rest): (Vec<usize>, Vec<usize>) =
@@ -597,7 +640,7 @@ impl Strategy for RouteWise {
             }
         }
 
-        let metadata = match order.first() {
+        let mut metadata = match order.first() {
             Some(&first) => DecisionTag {
                 epoch,
                 seq,
@@ -609,6 +652,10 @@ impl Strategy for RouteWise {
             .encode(),
             None => String::new(),
         };
+        if let Some((at_ms, backup)) = primary.and_then(|p| self.hedge(&feasible, p)) {
+            self.counters.hedges_planned += 1;
+            metadata.push_str(&format!(";hedge={at_ms}@{backup}"));
+        }
         self.last = Some(LastDecision {
             at_ms: now,
             explored: explore.map(|p| feasible[p].endpoint_id.clone()),
@@ -818,6 +865,7 @@ impl Strategy for RouteWise {
                 "slots_released": c.slots_released,
                 "slots_expired": c.slots_expired,
                 "leases_expired": c.leases_expired,
+                "hedges_planned": c.hedges_planned,
             },
         })
         .to_string()

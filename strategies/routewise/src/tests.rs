@@ -719,3 +719,53 @@ fn property_random_routers() -> Result<(), String> {
     }
     Ok(())
 }
+
+/// Hedging: a cheap primary with a heavy tail and a fast backup. The plan names the latest
+/// checkpoint at which the backup still meets the SLO with probability ≥ 0.99.
+#[test]
+fn hedge_plan_picks_the_latest_checkpoint_a_backup_can_still_meet() -> Result<(), String> {
+    let routes = [
+        route(0, Some((0.1, 0.1)), "{}"),
+        route(1, Some((10.0, 10.0)), "{}"),
+    ];
+    let params = r#"{"budget_alpha": 0.0, "latency_hedge_mode": "probability_target", "latency_slo_sec": 3}"#;
+    let mut rw = router(params, &routes)?;
+    // Route 1 answers in 500 ms, always; route 0 in 1 s.
+    for i in 0..30 {
+        rw.observe(&observation(1, true, 500.0, 1_000 + i, ""));
+        rw.observe(&observation(0, true, 1_000.0, 1_000 + i, ""));
+    }
+    let decision = rw.select(&request(7, 2_000, 1_000), &candidates(&[0, 1]))?;
+    assert_eq!(
+        decision.order[0], 0,
+        "α = 0: the cheap route is the primary"
+    );
+    // 3000 ms × 0.825 = 2475: 525 ms left, the last checkpoint where 500 ms still fits.
+    assert!(
+        decision.strategy_metadata.ends_with(";hedge=2475@1"),
+        "{}",
+        decision.strategy_metadata
+    );
+    // The host's suffix does not confuse the tag.
+    let tag = DecisionTag::parse(&decision.strategy_metadata).ok_or("tag")?;
+    assert!(!tag.explore);
+
+    // Without enough samples of the backup, or with hedging off, no hedge.
+    let mut cold = router(params, &routes)?;
+    for i in 0..30 {
+        cold.observe(&observation(0, true, 1_000.0, 1_000 + i, ""));
+    }
+    for i in 0..5 {
+        cold.observe(&observation(1, true, 500.0, 1_000 + i, ""));
+    }
+    let decision = cold.select(&request(7, 2_000, 1_000), &candidates(&[0, 1]))?;
+    assert!(!decision.strategy_metadata.contains("hedge"));
+    let mut off = router(r#"{"budget_alpha": 0.0}"#, &routes)?;
+    for i in 0..30 {
+        off.observe(&observation(1, true, 500.0, 1_000 + i, ""));
+        off.observe(&observation(0, true, 1_000.0, 1_000 + i, ""));
+    }
+    let decision = off.select(&request(7, 2_000, 1_000), &candidates(&[0, 1]))?;
+    assert!(!decision.strategy_metadata.contains("hedge"));
+    Ok(())
+}
