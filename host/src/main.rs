@@ -16,7 +16,7 @@ use switchyard::mock::{self, MockOptions};
 use switchyard::routing::quota;
 use switchyard::store::Store;
 use switchyard::strategy::{
-    CatalogEntry, StrategyCatalog, StrategyEngine, StrategyLimits, catalog, contract,
+    CatalogEntry, StrategyCatalog, StrategyEngine, StrategyLimits, catalog, contract, offline,
 };
 
 #[derive(Parser)]
@@ -119,6 +119,20 @@ enum StrategiesCommand {
         /// Router params as JSON (default `{}`).
         #[arg(long, default_value = "{}")]
         params: String,
+    },
+    /// Run one decision offline and print its order, endpoints, metadata and the strategy's
+    /// status as JSON (see docs/routewise.md, "Offline decisions").
+    Run {
+        /// A strategy name from the catalog, or the path of a `.wasm` component.
+        name: String,
+        /// Router params: a JSON file, or inline JSON (default `{}`).
+        #[arg(long)]
+        params: Option<String>,
+        /// The decision: route table, request facts, candidates, observations to replay.
+        #[arg(long)]
+        input: PathBuf,
+        #[command(flatten)]
+        config: ConfigArg,
     },
 }
 
@@ -304,11 +318,19 @@ async fn check(config_path: &Path) -> anyhow::Result<()> {
 }
 
 async fn catalog_for(config_path: &Path) -> anyhow::Result<(StrategyEngine, StrategyCatalog)> {
+    catalog_with(config_path, |limits| limits).await
+}
+
+/// The config's catalog, on an engine whose limits `adjust` may change.
+async fn catalog_with(
+    config_path: &Path,
+    adjust: impl Fn(StrategyLimits) -> StrategyLimits,
+) -> anyhow::Result<(StrategyEngine, StrategyCatalog)> {
     let config = load_config(config_path)?;
-    let engine = StrategyEngine::new(StrategyLimits {
+    let engine = StrategyEngine::new(adjust(StrategyLimits {
         call_timeout: config.strategies.call_timeout,
         memory_limit_bytes: config.strategies.memory_limit_bytes,
-    })?;
+    }))?;
     let extra = config
         .strategies
         .dir
@@ -354,6 +376,12 @@ async fn strategies(command: StrategiesCommand) -> anyhow::Result<()> {
                 ),
             }
         }
+        StrategiesCommand::Run {
+            name,
+            params,
+            input,
+            config,
+        } => run_decision(&name, params.as_deref(), &input, &config.config).await,
         StrategiesCommand::Test { file, params } => {
             let params: serde_json::Value =
                 serde_json::from_str(&params).context("--params is not JSON")?;
@@ -386,4 +414,55 @@ async fn strategies(command: StrategiesCommand) -> anyhow::Result<()> {
             }
         }
     }
+}
+
+/// `strategies run`: loads the strategy (by path, or by name from the config's catalog), runs the
+/// decision and prints it.
+async fn run_decision(
+    name: &str,
+    params: Option<&str>,
+    input: &Path,
+    config_path: &Path,
+) -> anyhow::Result<()> {
+    let params: serde_json::Value = match params.map(str::trim) {
+        None => serde_json::json!({}),
+        Some(text) if text.starts_with('{') => {
+            serde_json::from_str(text).context("--params is not JSON")?
+        }
+        Some(file) => {
+            let text = std::fs::read_to_string(file)
+                .with_context(|| format!("reading --params {file}"))?;
+            serde_json::from_str(&text).with_context(|| format!("--params {file} is not JSON"))?
+        }
+    };
+    let text =
+        std::fs::read_to_string(input).with_context(|| format!("reading {}", input.display()))?;
+    let decision = offline::parse_input(input, &text)?;
+    // Offline there is no request to protect: a generous deadline keeps a busy machine from
+    // turning a slow call into a failure.
+    let offline_limits = |limits: StrategyLimits| StrategyLimits {
+        call_timeout: limits.call_timeout.max(std::time::Duration::from_secs(1)),
+        ..limits
+    };
+    let as_path = Path::new(name);
+    let (engine, strategy) = if name.ends_with(".wasm") || as_path.is_file() {
+        let engine = StrategyEngine::new(offline_limits(StrategyLimits::default()))?;
+        let strategy = catalog::load(&engine, as_path).await?;
+        (engine, std::sync::Arc::new(strategy))
+    } else {
+        let (engine, catalog) = catalog_with(config_path, offline_limits).await?;
+        match catalog.get(name) {
+            Some(CatalogEntry::Loaded(s)) => (engine, s.clone()),
+            Some(CatalogEntry::Missing(m)) => {
+                bail!("strategy `{name}` is unavailable: {}", m.reason)
+            }
+            None => bail!(
+                "unknown strategy `{name}`; known strategies: {}",
+                catalog.names().join(", ")
+            ),
+        }
+    };
+    let output = offline::run(&engine, strategy, &params, input, &decision).await?;
+    println!("{}", serde_json::to_string_pretty(&output)?);
+    Ok(())
 }

@@ -19,3 +19,4 @@ mod routewise;
 mod sdk_clients;
 mod store;
 mod strategies;
+mod strategies_run;
