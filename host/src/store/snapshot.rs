@@ -31,6 +31,8 @@ pub struct SnapshotRows {
     pub upstreams: Vec<Upstream>,
     pub upstream_keys: Vec<UpstreamKey>,
     pub upstream_models: Vec<UpstreamModel>,
+    /// RouteWise settings, both layers ([`super::routewise_settings`]).
+    pub routewise_settings: Vec<super::routewise_settings::RouteWiseSetting>,
 }
 
 /// The configuration at one version, with indexes for lookups in O(1).

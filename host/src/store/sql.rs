@@ -1474,6 +1474,7 @@ macro_rules! impl_config_store {
                     upstream_models: self
                         .all_in(&mut tx, UPSTREAM_MODEL_COLUMNS, "upstream_models", UpstreamModelRow::decode)
                         .await?,
+                    routewise_settings: self.routewise_rows(&mut tx).await?,
                 };
                 tx.commit().await.map_err(err)?;
                 let loaded_at = std::time::SystemTime::now()
