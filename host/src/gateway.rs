@@ -159,7 +159,18 @@ impl Gateway {
     /// logged; the rest are served.
     pub async fn apply_snapshot(&self, snapshot: Arc<Snapshot>) {
         let _serial = self.rebuild.lock().await;
-        let models = crate::routing::db_models::merged_models(&self.config, &snapshot);
+        let mut models = crate::routing::db_models::merged_models(&self.config, &snapshot);
+        // Run-time RouteWise settings from the database, layered onto the config's params.
+        self.routing
+            .routewise
+            .apply_settings(
+                &mut models,
+                &snapshot,
+                &self.table(),
+                &self.routing_engine,
+                &self.catalog,
+            )
+            .await;
         let overrides = self.overrides.lock().clone();
         let unhealthy = self.unhealthy_origins.lock().clone();
         let local_fraction = self.config.routing.local_fraction;

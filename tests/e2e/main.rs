@@ -16,6 +16,7 @@ mod proxy;
 mod quota;
 mod routes;
 mod routewise;
+mod routewise_settings;
 mod sdk_clients;
 mod store;
 mod strategies;

@@ -502,6 +502,12 @@ async fn the_openapi_document_lists_every_path() {
         ("/admin/upstream-models/{id}", &["get", "patch", "delete"]),
         ("/admin/store/status", &["get"]),
         ("/admin/openapi.json", &["get"]),
+        ("/admin/routewise/settings", &["get", "patch"]),
+        ("/admin/routewise/model-settings", &["get"]),
+        (
+            "/admin/routewise/model-settings/{key}",
+            &["patch", "delete"],
+        ),
     ] {
         let item = paths.get(path).unwrap_or_else(|| panic!("{path} missing"));
         for m in methods {
@@ -510,7 +516,7 @@ async fn the_openapi_document_lists_every_path() {
             assert!(op["responses"]["401"].is_object(), "{m} {path}: no 401");
         }
     }
-    assert_eq!(paths.len(), 18, "{:?}", paths.keys().collect::<Vec<_>>());
+    assert_eq!(paths.len(), 21, "{:?}", paths.keys().collect::<Vec<_>>());
     let schemas = doc["components"]["schemas"].as_object().unwrap();
     for schema in [
         "Route",

@@ -8,6 +8,7 @@ pub mod health;
 pub mod policy;
 pub mod prefill;
 pub mod quota;
+pub mod routewise;
 pub mod select;
 pub mod table;
 
@@ -31,6 +32,8 @@ pub struct RoutingContext {
     pub affinity: Arc<affinity::AffinityTable>,
     /// Quota snapshots and the local request counter (`quota`).
     pub quota: Arc<quota::QuotaBoard>,
+    /// Host-side RouteWise state: run-time settings (`routewise`).
+    pub routewise: Arc<routewise::RouteWiseHost>,
 }
 
 impl RoutingContext {
@@ -40,6 +43,7 @@ impl RoutingContext {
             prefill: Arc::new(prefill::PrefillTracker::new(config.routing.prefill)),
             affinity: Arc::new(affinity::AffinityTable::new(config.routing.affinity)),
             quota: Arc::new(quota::QuotaBoard::new()),
+            routewise: Arc::new(routewise::RouteWiseHost::new()),
         }
     }
 }
