@@ -196,6 +196,11 @@ impl Gateway {
             }
         }
         *self.table.write() = Arc::new(table);
+        // New RouteWise routers start from the request log when their params ask for it.
+        self.routing
+            .routewise
+            .bootstrap_new_routers(&self.table(), self.store.as_ref())
+            .await;
         *self.inbound_routes.write() = Arc::new(RouteSet::build(&self.config, &snapshot));
         *self.snapshot.write() = snapshot;
     }

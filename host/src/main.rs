@@ -201,7 +201,6 @@ async fn serve(config_path: &Path, listen: Option<String>) -> anyhow::Result<()>
     // Stateful providers (routing::quota): one process only, no quota-only model uncalibrated.
     quota::replica_guard(&config.models, &|var| std::env::var(var).ok())?;
     let routing = Routing::build(&config).await?;
-    quota::cold_start(&routing.table).await?;
     let store = Store::open(&config.database_url)
         .await
         .with_context(|| format!("{}: database.url", config.source.display()))?;
@@ -213,7 +212,9 @@ async fn serve(config_path: &Path, listen: Option<String>) -> anyhow::Result<()>
     store.spawn_sync();
     let listen = listen.unwrap_or_else(|| config.server.listen.clone());
     let gateway = Arc::new(Gateway::new(config, routing, Some(store.clone()))?);
+    // Also runs the RouteWise DB bootstrap, which may calibrate cost envelopes: check after it.
     gateway.apply_snapshot(store.snapshot()).await;
+    quota::cold_start(&gateway.table()).await?;
     gateway.spawn_snapshot_sync();
     gateway.spawn_ticker();
     gateway.spawn_health_checks();

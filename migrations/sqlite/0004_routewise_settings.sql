@@ -17,3 +17,6 @@ CREATE TABLE routewise_model_settings (
     updated_at BIGINT NOT NULL,
     PRIMARY KEY (model_id, param)
 );
+
+-- The RouteWise DB bootstrap reads the newest api_logs rows of one model.
+CREATE INDEX IF NOT EXISTS api_logs_model_created_at ON api_logs (model, created_at_ms);

@@ -6,6 +6,7 @@
     clippy::print_stderr
 )]
 
+mod databases;
 mod harness;
 
 mod affinity;
@@ -16,6 +17,7 @@ mod proxy;
 mod quota;
 mod routes;
 mod routewise;
+mod routewise_bootstrap;
 mod routewise_settings;
 mod sdk_clients;
 mod store;

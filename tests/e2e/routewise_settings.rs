@@ -6,83 +6,11 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use sqlx::Connection;
 
-use crate::harness::{Gateway, Mock, PgSchema, chat_body};
+use crate::databases::{Db, on_both_databases};
+use crate::harness::{Gateway, Mock, chat_body};
 
-const TOKEN: &str = "routewise-admin-token";
-
-/// Which database a scenario runs on; holds the PostgreSQL schema while the test lives.
-enum Db {
-    Sqlite(tempfile::TempDir),
-    Postgres(PgSchema),
-}
-
-impl Db {
-    fn sqlite() -> Db {
-        Db::Sqlite(tempfile::tempdir().unwrap())
-    }
-
-    async fn postgres() -> Db {
-        Db::Postgres(PgSchema::create().await)
-    }
-
-    /// One database shared by every gateway of the scenario.
-    fn url(&self) -> String {
-        match self {
-            Db::Sqlite(dir) => format!("sqlite://{}", dir.path().join("shared.db").display()),
-            Db::Postgres(schema) => schema.url.clone(),
-        }
-    }
-
-    /// Runs `sql` on the database directly, as a hand edit (or another version's process) would,
-    /// and bumps the configuration version so the gateways reload.
-    async fn execute(&self, sql: &str) {
-        const BUMP: &str = "UPDATE config_version SET version = version + 1 WHERE id = 1";
-        match self {
-            Db::Sqlite(_) => {
-                let mut conn = sqlx::SqliteConnection::connect(&self.url()).await.unwrap();
-                sqlx::query(sql).execute(&mut conn).await.unwrap();
-                sqlx::query(BUMP).execute(&mut conn).await.unwrap();
-            }
-            Db::Postgres(schema) => {
-                let mut conn = sqlx::PgConnection::connect(&schema.url).await.unwrap();
-                sqlx::query(sql).execute(&mut conn).await.unwrap();
-                sqlx::query(BUMP).execute(&mut conn).await.unwrap();
-                // What every write sends: `<schema>:<version>` (see store::postgres).
-                sqlx::query(
-                    "SELECT pg_notify('switchyard_config', current_schema() || ':' || \
-                     (SELECT version FROM config_version WHERE id = 1))",
-                )
-                .execute(&mut conn)
-                .await
-                .unwrap();
-            }
-        }
-    }
-}
-
-/// Runs a scenario `async fn NAME(db: Db)` once per database.
-macro_rules! on_both_databases {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Db::sqlite()).await;
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Db::postgres().await).await;
-                }
-            )*
-        }
-    };
-}
+pub const TOKEN: &str = "routewise-admin-token";
 
 on_both_databases!(
     overrides_and_the_global_layer_reach_every_process_without_restart,
@@ -122,7 +50,7 @@ fn start(db: &Db, yaml: &str) -> Gateway {
 }
 
 /// `(status, body)` of an admin call.
-async fn call(
+pub async fn call(
     gw: &Gateway,
     method: reqwest::Method,
     path: &str,
@@ -139,14 +67,14 @@ async fn call(
     (status, response.json().await.unwrap_or(Value::Null))
 }
 
-async fn ok(gw: &Gateway, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
+pub async fn ok(gw: &Gateway, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
     let (status, value) = call(gw, method.clone(), path, body).await;
     assert_eq!(status, 200, "{method} {path}: {value}");
     value
 }
 
 /// The strategy status of `model` in `/routing`.
-async fn status(gw: &Gateway, model: &str) -> Value {
+pub async fn status(gw: &Gateway, model: &str) -> Value {
     let routing = ok(gw, reqwest::Method::GET, "/routing", None).await;
     routing["models"]
         .as_array()
@@ -183,7 +111,7 @@ fn model_settings(model: &str) -> String {
     )
 }
 
-fn model_setting(key: &str, model: &str) -> String {
+pub fn model_setting(key: &str, model: &str) -> String {
     format!(
         "/admin/routewise/model-settings/{key}?model_id={}",
         urlencode(model)

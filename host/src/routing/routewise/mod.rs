@@ -5,19 +5,23 @@
 //!   whenever a snapshot is applied. A combination the strategy rejects never takes a model down:
 //!   the model keeps the params (and the router) it had, and the problem is logged once and shown
 //!   in `/health/deep`.
+//! - [`bootstrap`]: a new router with `db_bootstrap_enabled` replays recent `api_logs` rows of its
+//!   model, so it starts with latency profiles, an output predictor and a cost envelope.
 
+pub mod bootstrap;
 pub mod settings;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 use serde_json::Value;
 
 use crate::config::ModelConfig;
 use crate::routing::table::RouteTable;
-use crate::store::Snapshot;
-use crate::strategy::{CatalogEntry, LoadedStrategy, StrategyCatalog, StrategyEngine};
+use crate::store::{Snapshot, Store};
+use crate::strategy::{CatalogEntry, LoadedStrategy, ModelRouter, StrategyCatalog, StrategyEngine};
+use bootstrap::{BootstrapReport, BootstrapSettings};
 
 /// The strategy whose models this module serves.
 pub const STRATEGY: &str = "routewise";
@@ -40,6 +44,10 @@ pub struct RouteWiseHost {
     models: Mutex<BTreeMap<String, ModelParams>>,
     /// The problems last logged, so each distinct set is logged once.
     logged: Mutex<Vec<String>>,
+    /// Routers the bootstrap has already considered (each router is bootstrapped once, when new).
+    bootstrapped: Mutex<Vec<Weak<ModelRouter>>>,
+    /// The last bootstrap of each model.
+    bootstraps: Mutex<BTreeMap<String, BootstrapReport>>,
 }
 
 /// The loaded `routewise` strategy, if the catalog has one.
@@ -121,6 +129,84 @@ impl RouteWiseHost {
         *self.models.lock() = seen;
     }
 
+    /// Replays the request log into every RouteWise router of `table` that is new since the last
+    /// call and enables the bootstrap (see [`bootstrap`]). Called after each table change, and so
+    /// at startup before the gateway listens.
+    pub async fn bootstrap_new_routers(&self, table: &RouteTable, store: Option<&Store>) {
+        let fresh: Vec<_> = {
+            let mut seen = self.bootstrapped.lock();
+            seen.retain(|w| w.strong_count() > 0);
+            let fresh: Vec<_> = table
+                .models()
+                .filter(|m| m.router.strategy.name == STRATEGY)
+                .filter(|m| {
+                    !seen
+                        .iter()
+                        .any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(&m.router)))
+                })
+                .cloned()
+                .collect();
+            seen.extend(fresh.iter().map(|m| Arc::downgrade(&m.router)));
+            fresh
+        };
+        for model in fresh {
+            let settings = BootstrapSettings::from_params(
+                &model.config.router_params,
+                &model.router.strategy.params_schema,
+            );
+            if !settings.enabled {
+                continue;
+            }
+            let now = crate::routing::unix_ms();
+            let mut report = BootstrapReport {
+                at_ms: now,
+                settings,
+                rows: 0,
+                replayed: 0,
+                skipped: 0,
+                error: None,
+            };
+            match store {
+                None => report.error = Some("the gateway runs without a database".into()),
+                Some(store) => {
+                    let since = now.saturating_sub(settings.window_sec.saturating_mul(1_000));
+                    match bootstrap::read_rows(
+                        store.pool(),
+                        model.id(),
+                        i64::try_from(since).unwrap_or(i64::MAX),
+                        i64::try_from(settings.max_rows).unwrap_or(i64::MAX),
+                    )
+                    .await
+                    {
+                        Ok(rows) => {
+                            let (observations, skipped) =
+                                bootstrap::observations(&rows, model.routes());
+                            for o in &observations {
+                                model.router.observe(o).await;
+                            }
+                            report.rows = rows.len();
+                            report.replayed = observations.len();
+                            report.skipped = skipped;
+                        }
+                        Err(e) => report.error = Some(format!("reading api_logs failed: {e}")),
+                    }
+                }
+            }
+            match &report.error {
+                None => tracing::info!(
+                    model = %model.id(),
+                    rows = report.rows,
+                    replayed = report.replayed,
+                    skipped = report.skipped,
+                    "routewise bootstrap: replayed the request log of the last {} s",
+                    settings.window_sec
+                ),
+                Some(e) => tracing::warn!(model = %model.id(), "routewise bootstrap: {e}"),
+            }
+            self.bootstraps.lock().insert(model.id().to_owned(), report);
+        }
+    }
+
     /// The params of the canonical model `id`, if it is a RouteWise model the host has seen.
     pub fn model(&self, id: &str) -> Option<ModelParams> {
         self.models.lock().get(id).cloned()
@@ -139,6 +225,7 @@ impl RouteWiseHost {
             .collect();
         serde_json::json!({
             "settings_problems": problems,
+            "bootstrap": *self.bootstraps.lock(),
         })
     }
 }
