@@ -371,6 +371,17 @@ impl Gateway {
         });
     }
 
+    /// Probes idle endpoints of RouteWise models that enable it (`routing::routewise::probe`).
+    pub fn spawn_routewise_prober(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        crate::routing::routewise::probe::spawn(
+            self.routing.routewise.probes.clone(),
+            self.upstreams.clone(),
+            self.routing.quota.clone(),
+            move || weak.upgrade().map(|g| g.table()),
+        );
+    }
+
     /// Calls every router's `tick` at the configured interval, for strategies with time-based state.
     pub fn spawn_ticker(self: &Arc<Self>) {
         let Some(interval) = self.config.strategies.tick_interval else {

@@ -219,6 +219,7 @@ async fn serve(config_path: &Path, listen: Option<String>) -> anyhow::Result<()>
     gateway.spawn_ticker();
     gateway.spawn_health_checks();
     gateway.spawn_quota_refresh();
+    gateway.spawn_routewise_prober();
     let listener = tokio::net::TcpListener::bind(&listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;

@@ -18,6 +18,7 @@ mod quota;
 mod routes;
 mod routewise;
 mod routewise_bootstrap;
+mod routewise_probe;
 mod routewise_settings;
 mod sdk_clients;
 mod store;

@@ -7,8 +7,11 @@
 //!   in `/health/deep`.
 //! - [`bootstrap`]: a new router with `db_bootstrap_enabled` replays recent `api_logs` rows of its
 //!   model, so it starts with latency profiles, an output predictor and a cost envelope.
+//! - [`probe`]: with `routewise_probe_enabled`, a one-token request now and then to an endpoint
+//!   real traffic has left idle, reported as an observation.
 
 pub mod bootstrap;
+pub mod probe;
 pub mod settings;
 
 use std::collections::BTreeMap;
@@ -48,6 +51,8 @@ pub struct RouteWiseHost {
     bootstrapped: Mutex<Vec<Weak<ModelRouter>>>,
     /// The last bootstrap of each model.
     bootstraps: Mutex<BTreeMap<String, BootstrapReport>>,
+    /// The prober's state per model ([`probe::spawn`]).
+    pub probes: Arc<probe::ProbeBoard>,
 }
 
 /// The loaded `routewise` strategy, if the catalog has one.
@@ -226,6 +231,7 @@ impl RouteWiseHost {
         serde_json::json!({
             "settings_problems": problems,
             "bootstrap": *self.bootstraps.lock(),
+            "probes": *self.probes.lock(),
         })
     }
 }
