@@ -164,7 +164,18 @@ impl Gateway {
     /// logged; the rest are served.
     pub async fn apply_snapshot(&self, snapshot: Arc<Snapshot>) {
         let _serial = self.rebuild.lock().await;
-        let models = crate::routing::db_models::merged_models(&self.config, &snapshot);
+        let mut models = crate::routing::db_models::merged_models(&self.config, &snapshot);
+        // Run-time RouteWise settings from the database, layered onto the config's params.
+        self.routing
+            .routewise
+            .apply_settings(
+                &mut models,
+                &snapshot,
+                &self.table(),
+                &self.routing_engine,
+                &self.catalog,
+            )
+            .await;
         let overrides = self.overrides.lock().clone();
         let unhealthy = self.unhealthy_origins.lock().clone();
         let local_fraction = self.config.routing.local_fraction;
@@ -197,6 +208,11 @@ impl Gateway {
             tracing::info!("key pool declarations changed: {dropped} key bindings dropped");
         }
         *self.table.write() = Arc::new(table);
+        // New RouteWise routers start from the request log when their params ask for it.
+        self.routing
+            .routewise
+            .bootstrap_new_routers(&self.table(), self.store.as_ref())
+            .await;
         *self.inbound_routes.write() = Arc::new(RouteSet::build(&self.config, &snapshot));
         *self.snapshot.write() = snapshot;
     }
@@ -365,6 +381,17 @@ impl Gateway {
         crate::routing::quota::spawn_refresh(self.routing.quota.clone(), move || {
             weak.upgrade().map(|g| g.table())
         });
+    }
+
+    /// Probes idle endpoints of RouteWise models that enable it (`routing::routewise::probe`).
+    pub fn spawn_routewise_prober(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        crate::routing::routewise::probe::spawn(
+            self.routing.routewise.probes.clone(),
+            self.upstreams.clone(),
+            self.routing.quota.clone(),
+            move || weak.upgrade().map(|g| g.table()),
+        );
     }
 
     /// Calls every router's `tick` at the configured interval, for strategies with time-based state.

@@ -16,7 +16,7 @@ use switchyard::mock::{self, MockOptions};
 use switchyard::routing::quota;
 use switchyard::store::Store;
 use switchyard::strategy::{
-    CatalogEntry, StrategyCatalog, StrategyEngine, StrategyLimits, catalog, contract,
+    CatalogEntry, StrategyCatalog, StrategyEngine, StrategyLimits, catalog, contract, offline,
 };
 
 #[derive(Parser)]
@@ -120,6 +120,20 @@ enum StrategiesCommand {
         #[arg(long, default_value = "{}")]
         params: String,
     },
+    /// Run one decision offline and print its order, endpoints, metadata and the strategy's
+    /// status as JSON (see docs/routewise.md, "Offline decisions").
+    Run {
+        /// A strategy name from the catalog, or the path of a `.wasm` component.
+        name: String,
+        /// Router params: a JSON file, or inline JSON (default `{}`).
+        #[arg(long)]
+        params: Option<String>,
+        /// The decision: route table, request facts, candidates, observations to replay.
+        #[arg(long)]
+        input: PathBuf,
+        #[command(flatten)]
+        config: ConfigArg,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -187,7 +201,6 @@ async fn serve(config_path: &Path, listen: Option<String>) -> anyhow::Result<()>
     // Stateful providers (routing::quota): one process only, no quota-only model uncalibrated.
     quota::replica_guard(&config.models, &|var| std::env::var(var).ok())?;
     let routing = Routing::build(&config).await?;
-    quota::cold_start(&routing.table).await?;
     let store = Store::open(&config.database_url)
         .await
         .with_context(|| format!("{}: database.url", config.source.display()))?;
@@ -199,11 +212,14 @@ async fn serve(config_path: &Path, listen: Option<String>) -> anyhow::Result<()>
     store.spawn_sync();
     let listen = listen.unwrap_or_else(|| config.server.listen.clone());
     let gateway = Arc::new(Gateway::new(config, routing, Some(store.clone()))?);
+    // Also runs the RouteWise DB bootstrap, which may calibrate cost envelopes: check after it.
     gateway.apply_snapshot(store.snapshot()).await;
+    quota::cold_start(&gateway.table()).await?;
     gateway.spawn_snapshot_sync();
     gateway.spawn_ticker();
     gateway.spawn_health_checks();
     gateway.spawn_quota_refresh();
+    gateway.spawn_routewise_prober();
     let listener = tokio::net::TcpListener::bind(&listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
@@ -304,11 +320,19 @@ async fn check(config_path: &Path) -> anyhow::Result<()> {
 }
 
 async fn catalog_for(config_path: &Path) -> anyhow::Result<(StrategyEngine, StrategyCatalog)> {
+    catalog_with(config_path, |limits| limits).await
+}
+
+/// The config's catalog, on an engine whose limits `adjust` may change.
+async fn catalog_with(
+    config_path: &Path,
+    adjust: impl Fn(StrategyLimits) -> StrategyLimits,
+) -> anyhow::Result<(StrategyEngine, StrategyCatalog)> {
     let config = load_config(config_path)?;
-    let engine = StrategyEngine::new(StrategyLimits {
+    let engine = StrategyEngine::new(adjust(StrategyLimits {
         call_timeout: config.strategies.call_timeout,
         memory_limit_bytes: config.strategies.memory_limit_bytes,
-    })?;
+    }))?;
     let extra = config
         .strategies
         .dir
@@ -354,6 +378,12 @@ async fn strategies(command: StrategiesCommand) -> anyhow::Result<()> {
                 ),
             }
         }
+        StrategiesCommand::Run {
+            name,
+            params,
+            input,
+            config,
+        } => run_decision(&name, params.as_deref(), &input, &config.config).await,
         StrategiesCommand::Test { file, params } => {
             let params: serde_json::Value =
                 serde_json::from_str(&params).context("--params is not JSON")?;
@@ -386,4 +416,55 @@ async fn strategies(command: StrategiesCommand) -> anyhow::Result<()> {
             }
         }
     }
+}
+
+/// `strategies run`: loads the strategy (by path, or by name from the config's catalog), runs the
+/// decision and prints it.
+async fn run_decision(
+    name: &str,
+    params: Option<&str>,
+    input: &Path,
+    config_path: &Path,
+) -> anyhow::Result<()> {
+    let params: serde_json::Value = match params.map(str::trim) {
+        None => serde_json::json!({}),
+        Some(text) if text.starts_with('{') => {
+            serde_json::from_str(text).context("--params is not JSON")?
+        }
+        Some(file) => {
+            let text = std::fs::read_to_string(file)
+                .with_context(|| format!("reading --params {file}"))?;
+            serde_json::from_str(&text).with_context(|| format!("--params {file} is not JSON"))?
+        }
+    };
+    let text =
+        std::fs::read_to_string(input).with_context(|| format!("reading {}", input.display()))?;
+    let decision = offline::parse_input(input, &text)?;
+    // Offline there is no request to protect: a generous deadline keeps a busy machine from
+    // turning a slow call into a failure.
+    let offline_limits = |limits: StrategyLimits| StrategyLimits {
+        call_timeout: limits.call_timeout.max(std::time::Duration::from_secs(1)),
+        ..limits
+    };
+    let as_path = Path::new(name);
+    let (engine, strategy) = if name.ends_with(".wasm") || as_path.is_file() {
+        let engine = StrategyEngine::new(offline_limits(StrategyLimits::default()))?;
+        let strategy = catalog::load(&engine, as_path).await?;
+        (engine, std::sync::Arc::new(strategy))
+    } else {
+        let (engine, catalog) = catalog_with(config_path, offline_limits).await?;
+        match catalog.get(name) {
+            Some(CatalogEntry::Loaded(s)) => (engine, s.clone()),
+            Some(CatalogEntry::Missing(m)) => {
+                bail!("strategy `{name}` is unavailable: {}", m.reason)
+            }
+            None => bail!(
+                "unknown strategy `{name}`; known strategies: {}",
+                catalog.names().join(", ")
+            ),
+        }
+    };
+    let output = offline::run(&engine, strategy, &params, input, &decision).await?;
+    println!("{}", serde_json::to_string_pretty(&output)?);
+    Ok(())
 }

@@ -6,6 +6,7 @@
     clippy::print_stderr
 )]
 
+mod databases;
 mod harness;
 
 mod affinity;
@@ -18,6 +19,10 @@ mod proxy;
 mod quota;
 mod routes;
 mod routewise;
+mod routewise_bootstrap;
+mod routewise_probe;
+mod routewise_settings;
 mod sdk_clients;
 mod store;
 mod strategies;
+mod strategies_run;

@@ -1,6 +1,6 @@
 //! The management API under `/admin/`: CRUD for routes and their plugin configs, consumers and
-//! their keys, providers, upstreams with their keys, and upstream model mappings; the store's sync
-//! status; and the OpenAPI document generated from these handlers.
+//! their keys, providers, upstreams with their keys, and upstream model mappings; RouteWise
+//! settings; the store's sync status; and the OpenAPI document generated from these handlers.
 //!
 //! Every endpoint needs the admin token or an admin consumer's key ([`auth::AdminCaller`]). Bodies
 //! are JSON; bad input is a 422 naming the field, unknown ids 404, clashes 409, all in OpenAI's
@@ -16,6 +16,7 @@ mod consumers;
 pub mod error;
 mod provider_keys;
 mod routes;
+mod routewise;
 mod upstreams;
 
 #[cfg(test)]
@@ -138,6 +139,19 @@ pub fn management_router() -> Router<Arc<Gateway>> {
                 .patch(upstreams::update_model)
                 .delete(upstreams::delete_model),
         )
+        .route(
+            "/admin/routewise/settings",
+            get(routewise::get_settings).patch(routewise::patch_settings),
+        )
+        .route(
+            "/admin/routewise/model-settings",
+            get(routewise::get_model_settings),
+        )
+        .route(
+            "/admin/routewise/model-settings/{key}",
+            axum::routing::patch(routewise::patch_model_setting)
+                .delete(routewise::delete_model_setting),
+        )
 }
 
 /// How this process's configuration snapshot stands.
@@ -227,6 +241,11 @@ async fn openapi_json(_: AdminCaller) -> Json<utoipa::openapi::OpenApi> {
         provider_keys::create,
         provider_keys::set_min_role,
         provider_keys::reserve_env_key,
+        routewise::get_settings,
+        routewise::patch_settings,
+        routewise::get_model_settings,
+        routewise::patch_model_setting,
+        routewise::delete_model_setting,
     ),
     components(schemas(error::ErrorBody, error::ErrorDetail)),
     modifiers(&CommonResponses),
@@ -235,6 +254,7 @@ async fn openapi_json(_: AdminCaller) -> Json<utoipa::openapi::OpenApi> {
         (name = "consumers", description = "Consumers and their API keys"),
         (name = "upstreams", description = "Providers, upstreams, upstream keys and model mappings"),
         (name = "store", description = "Sync status and this document"),
+        (name = "routewise", description = "RouteWise router_params changed at run time: a global fallback layer and per-model overrides"),
     )
 )]
 pub struct ApiDoc;

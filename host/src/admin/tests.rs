@@ -505,6 +505,12 @@ async fn the_openapi_document_lists_every_path() {
         ("/admin/provider-keys", &["get", "post"]),
         ("/admin/provider-keys/min-role-env", &["post"]),
         ("/admin/provider-keys/{key_id}/min-role", &["post"]),
+        ("/admin/routewise/settings", &["get", "patch"]),
+        ("/admin/routewise/model-settings", &["get"]),
+        (
+            "/admin/routewise/model-settings/{key}",
+            &["patch", "delete"],
+        ),
     ] {
         let item = paths.get(path).unwrap_or_else(|| panic!("{path} missing"));
         for m in methods {
@@ -513,7 +519,7 @@ async fn the_openapi_document_lists_every_path() {
             assert!(op["responses"]["401"].is_object(), "{m} {path}: no 401");
         }
     }
-    assert_eq!(paths.len(), 21, "{:?}", paths.keys().collect::<Vec<_>>());
+    assert_eq!(paths.len(), 24, "{:?}", paths.keys().collect::<Vec<_>>());
     let schemas = doc["components"]["schemas"].as_object().unwrap();
     for schema in [
         "Route",

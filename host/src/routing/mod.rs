@@ -8,6 +8,7 @@ pub mod health;
 pub mod policy;
 pub mod prefill;
 pub mod quota;
+pub mod routewise;
 pub mod select;
 pub mod table;
 
@@ -33,6 +34,8 @@ pub struct RoutingContext {
     pub quota: Arc<quota::QuotaBoard>,
     /// Upstream key reservations, quieting and key affinity.
     pub keys: Arc<crate::upstream::key_pool::KeyPools>,
+    /// Host-side RouteWise state: run-time settings (`routewise`).
+    pub routewise: Arc<routewise::RouteWiseHost>,
 }
 
 impl RoutingContext {
@@ -45,6 +48,7 @@ impl RoutingContext {
             keys: Arc::new(crate::upstream::key_pool::KeyPools::new(
                 config.routing.key_pools,
             )),
+            routewise: Arc::new(routewise::RouteWiseHost::new()),
         }
     }
 }

@@ -323,6 +323,7 @@ pub async fn health_deep(State(gateway): State<Arc<Gateway>>) -> Response {
         "database_sync": gateway.store.as_ref().map(|s| s.snapshots().status()),
         "api_logs": api_log,
         "quota": gateway.routing.quota.report(),
+        "routewise": gateway.routing.routewise.report(),
     }))
     .into_response()
 }

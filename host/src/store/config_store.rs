@@ -16,7 +16,9 @@ use super::snapshot::Snapshot;
 /// Configuration storage. Ids in paths that do not exist are [`StoreError::NotFound`]; bad input is
 /// [`StoreError::Invalid`] naming the field; uniqueness clashes are [`StoreError::Conflict`].
 #[async_trait]
-pub trait ConfigStore: Send + Sync + 'static {
+pub trait ConfigStore:
+    super::routewise_settings::RouteWiseSettingsStore + Send + Sync + 'static
+{
     /// `sqlite` or `postgres`.
     fn backend(&self) -> &'static str;
 

@@ -12,6 +12,7 @@ mod config_store;
 mod feed;
 pub mod model;
 pub mod postgres;
+pub mod routewise_settings;
 pub mod snapshot;
 pub(crate) mod sql;
 pub mod sqlite;

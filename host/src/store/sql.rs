@@ -1548,6 +1548,7 @@ macro_rules! impl_config_store {
                     .into_iter()
                     .map(reservation_of)
                     .collect(),
+                    routewise_settings: self.routewise_rows(&mut tx).await?,
                 };
                 tx.commit().await.map_err(err)?;
                 let loaded_at = std::time::SystemTime::now()

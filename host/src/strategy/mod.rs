@@ -5,6 +5,7 @@ pub mod bindings;
 pub mod catalog;
 pub mod contract;
 pub mod engine;
+pub mod offline;
 pub mod router;
 
 use std::path::PathBuf;

@@ -46,6 +46,9 @@ pub struct ModelRouter {
     /// lock: a call may await a guest's WASI I/O, and other models never wait on this one.
     instance: tokio::sync::Mutex<Option<LiveInstance>>,
     pub stats: RouterStats,
+    /// When each endpoint (by id) last finished an attempt, and when the router was created, in
+    /// ms since the Unix epoch: what the RouteWise prober calls idle.
+    activity: parking_lot::Mutex<(u64, std::collections::HashMap<String, u64>)>,
 }
 
 impl std::fmt::Debug for ModelRouter {
@@ -73,6 +76,7 @@ impl ModelRouter {
             route_table: parking_lot::Mutex::new(routes),
             instance: tokio::sync::Mutex::new(None),
             stats: RouterStats::default(),
+            activity: parking_lot::Mutex::new((now_ms(), Default::default())),
             strategy,
         };
         let live = router.instantiate().await?;
@@ -339,10 +343,32 @@ impl ModelRouter {
     }
 
     pub async fn observe(&self, observation: &Observation) {
+        self.note_activity(observation.index, observation.now_ms);
         let result = self.call_observe(observation).await;
         if let Err(e) = &result {
             self.record_failure(e);
         }
+    }
+
+    fn note_activity(&self, index: u32, at_ms: u64) {
+        let table = self.route_table.lock();
+        let Some(route) = table.iter().find(|r| r.index == index) else {
+            return;
+        };
+        let mut activity = self.activity.lock();
+        match activity.1.get_mut(&route.endpoint_id) {
+            Some(last) => *last = (*last).max(at_ms),
+            None => {
+                activity.1.insert(route.endpoint_id.clone(), at_ms);
+            }
+        }
+    }
+
+    /// When `endpoint_id` last finished an attempt observed by this router (replayed history
+    /// included), else when the router was created; ms since the Unix epoch.
+    pub fn last_activity_ms(&self, endpoint_id: &str) -> u64 {
+        let activity = self.activity.lock();
+        activity.1.get(endpoint_id).copied().unwrap_or(activity.0)
     }
 
     /// The strategy's status text, as the guest returned it.
@@ -410,4 +436,11 @@ fn last_chars(s: &str, n: usize) -> &str {
         Some((i, _)) if s.chars().count() > n => &s[i..],
         _ => s,
     }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }

@@ -56,9 +56,9 @@ fn describe_uncalibrated(models: &[UncalibratedModel]) -> String {
     format!(
         "{}. Add an on-demand route (a priced route without `provider_type: quota`) so that its \
          traffic calibrates the envelope, or enable the DB bootstrap \
-         (`router_params.db_bootstrap_enabled: true`) to calibrate it from the request log; note \
-         that this gateway version does not run that bootstrap yet, so today only an on-demand \
-         route helps",
+         (`router_params.db_bootstrap_enabled: true`), which `serve` runs before this check, to \
+         calibrate it from the request log (that needs `envelope_min_samples` answered requests of \
+         the model within `latency_history_prior_window_sec`; `check` cannot read the log)",
         each.join("; ")
     )
 }
