@@ -468,6 +468,34 @@ async fn prefixes_and_each_auth_mode_in_priority_order(db: Db) {
     })
     .await;
 
+    // Operators see every route, longest prefix first, with its resolved auth mode.
+    let routing = admin.call(reqwest::Method::GET, "/routing", None).await;
+    let routes: Vec<(String, String)> = routing["inbound_routes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["path_prefix"].as_str().unwrap().to_owned(),
+                r["auth"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let expected = [
+        ("/open/off", "disabled"),
+        ("/legacy", "legacy_bearer"),
+        ("/open", "disabled"),
+        ("/pass", "passthrough"),
+        ("/", "consumer_keys"),
+    ];
+    assert_eq!(
+        routes,
+        expected
+            .iter()
+            .map(|(p, a)| ((*p).to_owned(), (*a).to_owned()))
+            .collect::<Vec<_>>()
+    );
+
     let log = gateway.log();
     for secret in [
         key.as_str(),

@@ -256,6 +256,24 @@ pub async fn routing(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) ->
     }
     Json(serde_json::json!({
         "local_fraction": gateway.config.routing.local_fraction,
+        "inbound_routes": gateway
+            .inbound_routes()
+            .routes()
+            .iter()
+            .map(|r| serde_json::json!({
+                "id": r.id,
+                "name": r.name,
+                "tenant_id": r.tenant_id,
+                "path_prefix": r.path_prefix,
+                "enabled": r.enabled,
+                "auth": r.auth.as_str(),
+                "groups": r.groups,
+                "max_attempts": r.max_attempts,
+                "protocol_transformation_type": r.protocol_transformation,
+                "plugins": r.plugins,
+                "source": r.source,
+            }))
+            .collect::<Vec<_>>(),
         "models": models,
     }))
     .into_response()
