@@ -117,6 +117,11 @@ struct MockState {
 pub async fn run(options: MockOptions) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(options.listen).await?;
     let addr = listener.local_addr()?;
+    // SSE frames are small separate writes: without TCP_NODELAY each one after the first waits
+    // for the client's delayed ACK (~40 ms), which made streams from the mock crawl.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     announce(addr)?;
     let state = Arc::new(MockState {
         behaviour: Mutex::new(Behaviour::default()),
