@@ -76,6 +76,16 @@ impl Dialect {
         }
     }
 
+    /// [`Dialect::parse_request`] of a body already parsed as JSON, for callers that keep the
+    /// parsed body (pass-through) and should not parse it twice.
+    pub fn parse_request_value(self, body: &Value) -> Result<ir::Request, String> {
+        match self {
+            Dialect::OpenAiChat => openai_chat::parse_request_value(body),
+            Dialect::OpenAiResponses => openai_responses::parse_request_value(body),
+            Dialect::AnthropicMessages => anthropic_messages::parse_request_value(body),
+        }
+    }
+
     /// The request body for an upstream of this dialect, naming `provider_model_id`.
     pub fn build_request(self, request: &ir::Request, provider_model_id: &str) -> Vec<u8> {
         match self {
