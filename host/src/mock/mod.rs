@@ -490,12 +490,31 @@ async fn chat(
             frames.push((frame, if i == 0 { pause } else { Duration::ZERO }));
         }
     }
+    if behaviour.break_stream_after_events.is_none() {
+        frames = coalesce(frames);
+    }
     stream_response(
         state,
         frames,
         behaviour.break_stream_after_events,
         pace.per_token,
     )
+}
+
+/// Joins each frame sent without a pause to the one before it, as a server writing into a buffered
+/// socket would: one chunk per burst rather than per frame (a write each). Streams broken on
+/// command keep their frames apart, since they count them.
+fn coalesce(frames: Vec<(Bytes, Duration)>) -> Vec<(Bytes, Duration)> {
+    let mut out: Vec<(Vec<u8>, Duration)> = Vec::new();
+    for (frame, pause) in frames {
+        match out.last_mut() {
+            Some((joined, _)) if pause.is_zero() => joined.extend_from_slice(&frame),
+            _ => out.push((frame.to_vec(), pause)),
+        }
+    }
+    out.into_iter()
+        .map(|(joined, pause)| (Bytes::from(joined), pause))
+        .collect()
 }
 
 /// Sends `frames` with their pauses, breaking the connection after `break_after` frames.

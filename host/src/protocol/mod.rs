@@ -21,6 +21,7 @@ pub mod ir;
 pub mod json;
 pub mod openai_chat;
 pub mod openai_responses;
+pub mod rename;
 pub mod sse;
 
 #[cfg(test)]
