@@ -1,19 +1,33 @@
 #!/usr/bin/env python3
-"""Overhead benchmark: Switchyard against calling the upstream directly and against nginx as a
+"""Overhead benchmark: Switchyard against calling the mock upstream directly and against nginx as a
 plain reverse proxy (proxy_pass with upstream keepalive), with the same load generator (wrk).
 
 Run: `python3 bench/run.py` (installs wrk and nginx from Debian packages when missing, builds the
-release binary and the strategies). `--quick` runs 3 s per point instead of 10 s.
-Writes bench/results/latest.json and latest.md and prints the table.
+release binary and the strategies). `--quick` runs 3 s per point instead of 10 s and leaves the
+README alone; `--skip-build` uses the binary already built.
+
+It measures, in one run:
+  * non-streaming and streaming requests at 1, 32 and 256 clients: direct, nginx, and the gateway
+    with `fixed`, `round_robin` and `routewise` (req/s, p50/p99, CPU per request of the proxy);
+  * streams with translation (Anthropic Messages client, OpenAI Chat upstream) beside the same
+    load without it, for the CPU per relayed stream;
+  * time to first byte of a stream (sequential requests), gateway and nginx against direct;
+  * memory: the gateway's RSS idle with 20 models per strategy, after the load, and while holding
+    10,000 idle streams from a mock that trickles its tokens.
+Writes bench/results/latest.json and latest.md, prints the tables and, on a full run, replaces the
+table between the `bench:start` / `bench:end` markers in README.md.
 
 Everything runs on loopback on this machine; the load generator, the proxies and the mock upstream
 share its cores, so absolute figures are pessimistic — compare the ratios measured in one run.
 """
 
+import asyncio
+import http.client
 import json
 import os
 import platform
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -25,12 +39,42 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICK = "--quick" in sys.argv
+SKIP_BUILD = "--skip-build" in sys.argv
 DURATION = 3 if QUICK else 10
 CONCURRENCY = [1, 32, 256]
-PORTS = {"mock": 19101, "nginx": 19102, "switchyard": 19103}
-BODY = json.dumps(
-    {"model": "MODEL", "messages": [{"role": "user", "content": "Say hello in one short sentence."}]}
-)
+TTFB_REQUESTS = 200 if QUICK else 1000
+IDLE_STREAMS = 10_000
+COMPLETION_TOKENS = 16
+PORTS = {"mock": 19101, "nginx": 19102, "switchyard": 19103, "slow_mock": 19104}
+PROMPT = [{"role": "user", "content": "Say hello in one short sentence."}]
+STRATEGIES = ("fixed", "round_robin", "routewise")
+IDLE_MODELS_PER_STRATEGY = 20
+
+# The targets of issue #9, checked against this run (all with `fixed`).
+TARGETS = {
+    "cpu_us_per_request": 60.0,
+    "added_p50_ms_c1": 0.1,
+    "rps_vs_nginx_c32": 0.5,
+    "cpu_us_per_stream": 100.0,
+    "cpu_us_per_translated_stream": 200.0,
+    "routewise_vs_fixed": 0.8,
+    "rss_idle_mib": 60.0,
+    "rss_idle_streams_mib": 1024.0,
+}
+
+
+def body(model, stream=False, dialect="openai"):
+    if dialect == "anthropic":
+        b = {"model": model, "max_tokens": 256, "messages": PROMPT}
+    else:
+        b = {"model": model, "messages": PROMPT}
+    if stream:
+        b["stream"] = True
+        if dialect == "openai":
+            # The gateway asks Chat upstreams for usage; ask for it directly too, so every target
+            # relays the same events.
+            b["stream_options"] = {"include_usage": True}
+    return json.dumps(b)
 
 
 def sh(*args, **kw):
@@ -44,17 +88,32 @@ def ensure_tools():
         sh("apt-get", "install", "-y", "-qq", *missing)
 
 
+def raise_fd_limit():
+    """`ulimit -n` for this process and its children: 10,000 streams are 10,000 client sockets
+    here, and as many client plus upstream sockets in the gateway."""
+    want = 4 * IDLE_STREAMS + 1024
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    for limit in ((max(want, hard), max(want, hard)), (hard, hard)):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, limit)
+            break
+        except (ValueError, OSError):
+            continue
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
 def target_dir() -> Path:
     return Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
 
 
 def build():
-    sh("cargo", "xtask", "build-strategies", cwd=ROOT)
-    sh("cargo", "build", "--release", "-p", "switchyard", cwd=ROOT)
+    if not SKIP_BUILD:
+        sh("cargo", "xtask", "build-strategies", cwd=ROOT)
+        sh("cargo", "build", "--release", "-p", "switchyard", cwd=ROOT)
     return target_dir() / "release" / "switchyard"
 
 
-def wait_http(url, timeout=20):
+def wait_http(url, timeout=30):
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:
@@ -84,11 +143,20 @@ def to_ms(value):
     return number / 1000 if unit == "us" else number * 1000 if unit == "s" else number
 
 
-def wrk(url, model, concurrency, script_dir):
-    lua = script_dir / f"{model}.lua"
+def machine():
+    cpu = "unknown CPU"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    return f"{platform.node()} ({os.cpu_count()} cores, {cpu}, Linux {platform.release()})"
+
+
+def wrk(url, payload, concurrency, script_dir):
+    lua = script_dir / "wrk.lua"
     lua.write_text(
         'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
-        f"wrk.body = {json.dumps(BODY.replace('MODEL', model))}\n"
+        f"wrk.body = {json.dumps(payload)}\n"
     )
     threads = min(2, concurrency)
     out = subprocess.run(
@@ -98,28 +166,86 @@ def wrk(url, model, concurrency, script_dir):
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
     requests = int(re.search(r"(\d+) requests in", out).group(1))
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    socket_errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
     p = {k: to_ms(v) for k, v in re.findall(r"^\s+(50|99)%\s+(\S+)", out, re.M)}
     return {"rps": rps, "requests": requests, "p50_ms": p["50"], "p99_ms": p["99"],
-            "errors": int(errors.group(1)) if errors else 0}
+            "errors": (int(errors.group(1)) if errors else 0)
+            + (sum(int(g) for g in socket_errors.groups()) if socket_errors else 0)}
 
 
-def main():
-    ensure_tools()
-    binary = build()
-    env = dict(os.environ, RUST_LOG="warn", ROUTING_AFFINITY_ENABLED="0", SWITCHYARD_DEFAULT_AUTH="disabled",
-               SWITCHYARD_BUILTIN_STRATEGIES=str(target_dir() / "strategies"))
-    work = Path(tempfile.mkdtemp(prefix="switchyard-bench-"))
-    procs = []
-    try:
-        mock = subprocess.Popen([binary, "mock-upstream", "--port", str(PORTS["mock"]), "--completion-tokens", "16"],
-                                stdout=subprocess.DEVNULL, env=env)
-        procs.append(mock)
-        upstream = f"http://127.0.0.1:{PORTS['mock']}"
-        wait_http(upstream + "/health")
+def count_events(url, payload):
+    """SSE `data:` events in one answer, to say what a 'stream' is in the tables."""
+    req = urllib.request.Request(url, data=payload.encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return sum(1 for line in r.read().decode().splitlines() if line.startswith("data:"))
 
-        nginx_conf = work / "nginx.conf"
-        nginx_conf.write_text(f"""
+
+def ttfb(host, port, path, payload, n):
+    """Sequential streaming requests on one keep-alive connection: time from sending the request
+    to the first byte of the body (the first SSE event), in ms."""
+    conn = http.client.HTTPConnection(host, port, timeout=10)
+    samples = []
+    headers = {"Content-Type": "application/json"}
+    for i in range(n + 20):
+        t0 = time.perf_counter()
+        conn.request("POST", path, body=payload, headers=headers)
+        resp = conn.getresponse()
+        first = resp.read1(65536)
+        t1 = time.perf_counter()
+        resp.read()
+        if resp.status != 200 or not first:
+            raise RuntimeError(f"TTFB request to :{port}{path} answered {resp.status}")
+        if i >= 20:  # warm-up
+            samples.append((t1 - t0) * 1000)
+    conn.close()
+    samples.sort()
+    return {"p50_ms": samples[len(samples) // 2], "p99_ms": samples[int(len(samples) * 0.99)],
+            "requests": n}
+
+
+async def hold_streams(port, path, payload, n, gateway_pid, settle_s):
+    """Opens `n` streams that stay idle after their first event; returns the gateway's RSS while
+    all are open. Connections are opened 256 at a time to stay inside the listen backlog."""
+    request = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(payload)}\r\n\r\n{payload}").encode()
+    writers = []
+    opened = 0
+    failures = []
+    gate = asyncio.Semaphore(256)
+
+    async def one():
+        nonlocal opened
+        async with gate:
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(request)
+                await writer.drain()
+                seen = b""
+                while b"data:" not in seen:
+                    chunk = await asyncio.wait_for(reader.read(4096), 30)
+                    if not chunk:
+                        raise RuntimeError("closed before the first event")
+                    seen += chunk
+                writers.append(writer)
+                opened += 1
+            except Exception as e:  # noqa: BLE001 - reported as a count
+                failures.append(repr(e))
+
+    started = time.time()
+    await asyncio.gather(*(one() for _ in range(n)))
+    open_s = time.time() - started
+    await asyncio.sleep(settle_s)
+    rss = rss_mib(gateway_pid)
+    for w in writers:
+        w.close()
+    return {"streams": opened, "failed": len(failures), "first_failure": failures[0] if failures else None,
+            "open_s": open_s, "rss_mib": rss}
+
+
+def nginx_config(work):
+    return f"""
 worker_processes 1;
+worker_rlimit_nofile 65536;
 pid {work}/nginx.pid;
 error_log {work}/nginx-error.log warn;
 events {{ worker_connections 4096; }}
@@ -136,84 +262,246 @@ http {{
     }}
   }}
 }}
-""")
-        nginx_bin = shutil.which("nginx") or "/usr/sbin/nginx"
-        sh(nginx_bin, "-c", str(nginx_conf), "-p", str(work))
+"""
+
+
+def gateway_config(work):
+    upstream = f"http://127.0.0.1:{PORTS['mock']}/v1"
+    models = ""
+    for name in STRATEGIES:
+        models += (f"  - id: bench-{name}\n    router: {name}\n    route:\n      - kind: openai_compat\n"
+                   f"        base_url: {upstream}\n        provider_model_id: sim\n"
+                   + ("        pricing: { prompt: 0.1, completion: 0.4 }\n" if name == "routewise" else ""))
+    # The idle streams come from a second mock that trickles its tokens.
+    models += (f"  - id: bench-slow\n    router: fixed\n    route:\n      - kind: openai_compat\n"
+               f"        base_url: http://127.0.0.1:{PORTS['slow_mock']}/v1\n        provider_model_id: sim\n")
+    # More models per strategy, for the idle-memory figure.
+    for i in range(IDLE_MODELS_PER_STRATEGY - 1):
+        for name in STRATEGIES:
+            models += (f"  - id: idle-{name}-{i}\n    router: {name}\n    route:\n      - kind: openai_compat\n"
+                       f"        base_url: {upstream}\n")
+    return f"database:\n  url: sqlite://{work}/bench.db\nmodels:\n{models}"
+
+
+def main():
+    ensure_tools()
+    fd_limit = raise_fd_limit()
+    idle_streams = min(IDLE_STREAMS, (fd_limit - 512) // 2)
+    binary = build()
+    env = dict(os.environ, RUST_LOG="warn", ROUTING_AFFINITY_ENABLED="0", SWITCHYARD_DEFAULT_AUTH="disabled",
+               SWITCHYARD_BUILTIN_STRATEGIES=str(target_dir() / "strategies"))
+    work = Path(tempfile.mkdtemp(prefix="switchyard-bench-"))
+    nginx_bin = shutil.which("nginx") or "/usr/sbin/nginx"
+    procs = []
+    results = []
+    extra = {}
+    try:
+        mock = subprocess.Popen([binary, "mock-upstream", "--port", str(PORTS["mock"]),
+                                 "--completion-tokens", str(COMPLETION_TOKENS)], stdout=subprocess.DEVNULL, env=env)
+        procs.append(mock)
+        # Idle streams: the first event at once, then a token every 100 s.
+        slow = subprocess.Popen([binary, "mock-upstream", "--port", str(PORTS["slow_mock"]),
+                                 "--completion-tokens", str(COMPLETION_TOKENS), "--tokens-per-s", "0.01"],
+                                stdout=subprocess.DEVNULL, env=env)
+        procs.append(slow)
+        mock_url = f"http://127.0.0.1:{PORTS['mock']}"
+        wait_http(mock_url + "/health")
+        wait_http(f"http://127.0.0.1:{PORTS['slow_mock']}/health")
+
+        (work / "nginx.conf").write_text(nginx_config(work))
+        sh(nginx_bin, "-c", str(work / "nginx.conf"), "-p", str(work))
         time.sleep(0.5)
         nginx_pid = int((work / "nginx.pid").read_text())
-        nginx_workers = [int(p) for p in subprocess.run(["pgrep", "-P", str(nginx_pid)], capture_output=True, text=True).stdout.split()]
+        nginx_workers = [int(p) for p in
+                         subprocess.run(["pgrep", "-P", str(nginx_pid)], capture_output=True, text=True).stdout.split()]
 
-        models = "".join(
-            f"  - id: bench-{name}\n    router: {name}\n    route:\n      - kind: openai_compat\n"
-            f"        base_url: {upstream}/v1\n        provider_model_id: sim\n"
-            + ("        pricing: { prompt: 0.1, completion: 0.4 }\n" if name == "routewise" else "")
-            for name in ("fixed", "round_robin", "routewise")
-        )
-        # 20 more models per strategy for the idle-memory figure.
-        for i in range(20):
-            for name in ("fixed", "round_robin", "routewise"):
-                models += (f"  - id: idle-{name}-{i}\n    router: {name}\n    route:\n      - kind: openai_compat\n"
-                           f"        base_url: {upstream}/v1\n")
-        config = work / "bench.yaml"
-        config.write_text(f"database:\n  url: sqlite://{work}/bench.db\nmodels:\n{models}")
-        gw = subprocess.Popen([binary, "serve", "--config", str(config), "--listen", f"127.0.0.1:{PORTS['switchyard']}"],
-                              stdout=subprocess.DEVNULL, env=env)
+        (work / "bench.yaml").write_text(gateway_config(work))
+        gw = subprocess.Popen([binary, "serve", "--config", str(work / "bench.yaml"),
+                               "--listen", f"127.0.0.1:{PORTS['switchyard']}"], stdout=subprocess.DEVNULL, env=env)
         procs.append(gw)
-        wait_http(f"http://127.0.0.1:{PORTS['switchyard']}/health")
+        gw_url = f"http://127.0.0.1:{PORTS['switchyard']}"
+        wait_http(gw_url + "/health")
         time.sleep(1)
         rss_idle = rss_mib(gw.pid)
+        models_loaded = len(STRATEGIES) * IDLE_MODELS_PER_STRATEGY + 1
 
+        chat, messages = "/v1/chat/completions", "/v1/messages"
         targets = [
-            ("direct", f"{upstream}/v1/chat/completions", "sim", []),
-            ("nginx", f"http://127.0.0.1:{PORTS['nginx']}/v1/chat/completions", "sim", nginx_workers),
-            ("switchyard fixed", f"http://127.0.0.1:{PORTS['switchyard']}/v1/chat/completions", "bench-fixed", [gw.pid]),
-            ("switchyard round_robin", f"http://127.0.0.1:{PORTS['switchyard']}/v1/chat/completions", "bench-round_robin", [gw.pid]),
-            ("switchyard routewise", f"http://127.0.0.1:{PORTS['switchyard']}/v1/chat/completions", "bench-routewise", [gw.pid]),
-        ]
-        results = []
-        for name, url, model, pids in targets:
+            ("direct", mock_url, "sim", []),
+            ("nginx", f"http://127.0.0.1:{PORTS['nginx']}", "sim", nginx_workers),
+        ] + [(f"switchyard {s}", gw_url, f"bench-{s}", [gw.pid]) for s in STRATEGIES]
+        runs = [(mode, *t) for mode in ("json", "stream") for t in targets]
+        # Translation: an Anthropic Messages client; the mock answers it directly in that protocol,
+        # the gateway's bench-fixed route speaks OpenAI Chat to the same mock.
+        runs += [(mode, name, base, model, pids) for mode in ("json", "stream") for name, base, model, pids in (
+            ("direct anthropic", mock_url, "sim", []),
+            ("switchyard fixed anthropic→openai", gw_url, "bench-fixed", [gw.pid]))]
+        events = {
+            "openai": count_events(mock_url + chat, body("sim", True)),
+            "anthropic": count_events(mock_url + messages, body("sim", True, "anthropic")),
+        }
+        for mode, name, base, model, pids in runs:
+            dialect = "anthropic" if "anthropic" in name else "openai"
+            path = messages if dialect == "anthropic" else chat
             for c in CONCURRENCY:
                 before = sum(cpu_seconds(p) for p in pids)
-                r = wrk(url, model, c, work)
+                r = wrk(base + path, body(model, mode == "stream", dialect), c, work)
                 after = sum(cpu_seconds(p) for p in pids)
-                r.update(target=name, concurrency=c,
+                r.update(mode=mode, target=name, concurrency=c, dialect=dialect,
                          cpu_us_per_request=(after - before) * 1e6 / max(r["requests"], 1) if pids else None)
                 results.append(r)
-                print(f"{name:24} c={c:<4} {r['rps']:9.0f} req/s  p50 {r['p50_ms']:.3f} ms  p99 {r['p99_ms']:.3f} ms"
-                      + (f"  cpu {r['cpu_us_per_request']:.1f} us/req" if pids else ""), flush=True)
+                print(f"{mode:6} {name:34} c={c:<4} {r['rps']:9.0f} req/s  p50 {r['p50_ms']:.3f} ms  "
+                      f"p99 {r['p99_ms']:.3f} ms" + (f"  cpu {r['cpu_us_per_request']:.1f} us/req" if pids else "")
+                      + (f"  ERRORS {r['errors']}" if r["errors"] else ""), flush=True)
         rss_after = rss_mib(gw.pid)
+
+        ttfb_results = {}
+        for name, port, model in (("direct", PORTS["mock"], "sim"), ("nginx", PORTS["nginx"], "sim"),
+                                  ("switchyard fixed", PORTS["switchyard"], "bench-fixed")):
+            ttfb_results[name] = ttfb("127.0.0.1", port, chat, body(model, True), TTFB_REQUESTS)
+            print(f"ttfb   {name:34} p50 {ttfb_results[name]['p50_ms']:.3f} ms  "
+                  f"p99 {ttfb_results[name]['p99_ms']:.3f} ms", flush=True)
+
+        rss_before_streams = rss_mib(gw.pid)
+        held = asyncio.run(hold_streams(PORTS["switchyard"], chat, body("bench-slow", True), idle_streams,
+                                        gw.pid, settle_s=2))
+        time.sleep(2)
+        rss_after_streams = rss_mib(gw.pid)
+        print(f"idle   {held['streams']} streams held (failed {held['failed']}) in {held['open_s']:.1f} s: "
+              f"RSS {held['rss_mib']:.1f} MiB; {rss_after_streams:.1f} MiB after closing", flush=True)
+        # Where the fd limit cannot be raised (no CAP_SYS_RESOURCE), fewer streams are held; the
+        # figure for 10,000 is then scaled from the measured growth per stream.
+        per_stream_mib = (held["rss_mib"] - rss_before_streams) / max(held["streams"], 1)
+        held["rss_before_mib"] = rss_before_streams
+        held["rss_per_stream_kib"] = per_stream_mib * 1024
+        held["rss_10k_mib"] = (held["rss_mib"] if held["streams"] >= IDLE_STREAMS
+                               else rss_before_streams + per_stream_mib * IDLE_STREAMS)
+        extra = {"rss_idle_mib": rss_idle, "rss_after_load_mib": rss_after, "models_loaded": models_loaded,
+                 "ttfb": ttfb_results, "idle_streams": held, "rss_after_idle_streams_mib": rss_after_streams,
+                 "events_per_stream": events, "fd_limit": fd_limit}
     finally:
         for p in procs:
             p.send_signal(signal.SIGTERM)
         if (work / "nginx.pid").exists():
-            subprocess.run([shutil.which("nginx") or "/usr/sbin/nginx", "-c", str(work / "nginx.conf"), "-p", str(work), "-s", "stop"])
+            subprocess.run([nginx_bin, "-c", str(work / "nginx.conf"), "-p", str(work), "-s", "stop"])
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
 
-    direct = {r["concurrency"]: r for r in results if r["target"] == "direct"}
-    nginx = {r["concurrency"]: r for r in results if r["target"] == "nginx"}
-    lines = [
-        f"Measured {time.strftime('%Y-%m-%d')} on {platform.node()} ({os.cpu_count()} cores), "
-        f"{DURATION} s per point, wrk, mock upstream answering 16 tokens without delay; RUST_LOG=warn.",
-        "",
-        "| target | clients | req/s | vs direct | vs nginx | p50 ms | added p50 ms | p99 ms | CPU µs/req |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in results:
-        c = r["concurrency"]
-        cpu = f"{r['cpu_us_per_request']:.1f}" if r["cpu_us_per_request"] is not None else "–"
-        lines.append(
-            f"| {r['target']} | {c} | {r['rps']:.0f} | {r['rps'] / direct[c]['rps']:.2f}× | "
-            f"{r['rps'] / nginx[c]['rps']:.2f}× | {r['p50_ms']:.3f} | {r['p50_ms'] - direct[c]['p50_ms']:+.3f} | "
-            f"{r['p99_ms']:.3f} | {cpu} |"
-        )
-    lines += ["", f"Switchyard RSS: {rss_idle:.1f} MiB idle with 63 models (21 per strategy) loaded; "
-              f"{rss_after:.1f} MiB after the run."]
-    table = "\n".join(lines)
-    print("\n" + table)
+    report = render(results, extra)
+    print("\n" + report)
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "latest.json").write_text(json.dumps({"results": results, "rss_idle_mib": rss_idle,
-                                                 "rss_after_mib": rss_after, "duration_s": DURATION}, indent=2))
-    (out / "latest.md").write_text(table + "\n")
+    stamp = time.strftime("%Y-%m-%dT%H%M%S")
+    data = json.dumps({"measured": stamp, "machine": machine(), "duration_s": DURATION, "quick": QUICK,
+                       "results": results, **extra, "targets": check_targets(results, extra)}, indent=2)
+    for name in ("latest", stamp):
+        (out / f"{name}.json").write_text(data)
+        (out / f"{name}.md").write_text(report + "\n")
+    if not QUICK:
+        update_readme(report)
+
+
+def pick(results, mode, target, c):
+    return next((r for r in results if r["mode"] == mode and r["target"] == target and r["concurrency"] == c), None)
+
+
+def check_targets(results, extra):
+    fixed = "switchyard fixed"
+    c1, c32 = pick(results, "json", fixed, 1), pick(results, "json", fixed, 32)
+    s32 = pick(results, "stream", fixed, 32)
+    t32 = pick(results, "stream", fixed + " anthropic→openai", 32)
+    measured = {
+        "cpu_us_per_request": c32["cpu_us_per_request"],
+        "added_p50_ms_c1": c1["p50_ms"] - pick(results, "json", "direct", 1)["p50_ms"],
+        "rps_vs_nginx_c32": c32["rps"] / pick(results, "json", "nginx", 32)["rps"],
+        "cpu_us_per_stream": s32["cpu_us_per_request"],
+        "cpu_us_per_translated_stream": t32["cpu_us_per_request"],
+        "routewise_vs_fixed": pick(results, "json", "switchyard routewise", 32)["rps"] / c32["rps"],
+        "rss_idle_mib": extra["rss_idle_mib"],
+        "rss_idle_streams_mib": extra["idle_streams"]["rss_10k_mib"],
+    }
+    higher_is_better = {"rps_vs_nginx_c32", "routewise_vs_fixed"}
+    return {k: {"measured": v, "target": TARGETS[k],
+                "met": v >= TARGETS[k] if k in higher_is_better else v <= TARGETS[k]}
+            for k, v in measured.items()}
+
+
+def render(results, extra):
+    lines = [
+        f"Measured {time.strftime('%Y-%m-%d')} on {machine()}; {DURATION} s per point, wrk, mock upstream "
+        f"answering {COMPLETION_TOKENS} tokens without delay ({extra['events_per_stream']['openai']} SSE events "
+        f"per OpenAI stream, {extra['events_per_stream']['anthropic']} per Anthropic one); RUST_LOG=warn; "
+        "the load generator, proxies and mock share the cores.",
+    ]
+    for mode, title, unit in (("json", "Non-streaming", "req"), ("stream", "Streaming", "stream")):
+        direct = {r["concurrency"]: r for r in results if r["mode"] == mode and r["target"] == "direct"}
+        nginx = {r["concurrency"]: r for r in results if r["mode"] == mode and r["target"] == "nginx"}
+        lines += ["", f"**{title}** (req/s counts whole answers; vs direct/nginx are throughput ratios)", "",
+                  f"| target | clients | req/s | vs direct | vs nginx | p50 ms | added p50 ms | p99 ms | "
+                  f"added p99 ms | CPU µs/{unit} |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in results:
+            if r["mode"] != mode:
+                continue
+            c = r["concurrency"]
+            # Anthropic-client rows compare with the mock answering Anthropic directly.
+            base = (pick(results, mode, "direct anthropic", c) if r["dialect"] == "anthropic"
+                    and pick(results, mode, "direct anthropic", c) else direct[c])
+            cpu = f"{r['cpu_us_per_request']:.1f}" if r["cpu_us_per_request"] is not None else "–"
+            lines.append(
+                f"| {r['target']} | {c} | {r['rps']:.0f} | {r['rps'] / base['rps']:.2f}× | "
+                f"{r['rps'] / nginx[c]['rps']:.2f}× | {r['p50_ms']:.3f} | {r['p50_ms'] - base['p50_ms']:+.3f} | "
+                f"{r['p99_ms']:.3f} | {r['p99_ms'] - base['p99_ms']:+.3f} | {cpu} |"
+                + (f" ({r['errors']} errors)" if r["errors"] else "")
+            )
+    t = extra["ttfb"]
+    lines += ["", f"**Time to first byte of a stream** ({t['direct']['requests']} sequential requests on one "
+              "connection)", "", "| target | p50 ms | added p50 ms | p99 ms | added p99 ms |", "|---|---:|---:|---:|---:|"]
+    for name, r in t.items():
+        lines.append(f"| {name} | {r['p50_ms']:.3f} | {r['p50_ms'] - t['direct']['p50_ms']:+.3f} | "
+                     f"{r['p99_ms']:.3f} | {r['p99_ms'] - t['direct']['p99_ms']:+.3f} |")
+    held = extra["idle_streams"]
+    lines += ["", f"**Memory**: RSS {extra['rss_idle_mib']:.1f} MiB idle with {extra['models_loaded']} models "
+              f"({IDLE_MODELS_PER_STRATEGY} per strategy) loaded; {extra['rss_after_load_mib']:.1f} MiB after the "
+              f"load above; {held['rss_mib']:.1f} MiB holding {held['streams']} idle streams"
+              + (f" ({held['failed']} failed to open)" if held["failed"] else "")
+              + f" ({held['rss_per_stream_kib']:.1f} KiB per stream, client and upstream connection included"
+              + (f"; {held['rss_10k_mib']:.1f} MiB scaled to {IDLE_STREAMS} — the fd limit here is "
+                 f"{extra['fd_limit']} and cannot be raised" if held["streams"] < IDLE_STREAMS else "")
+              + f"); {extra['rss_after_idle_streams_mib']:.1f} MiB after they closed."]
+    targets = check_targets(results, extra)
+    names = {
+        "cpu_us_per_request": ("CPU per proxied request, 32 clients", "≤ {t:.0f} µs", "{v:.1f} µs"),
+        "added_p50_ms_c1": ("added p50, 1 client", "≤ {t} ms", "{v:+.3f} ms"),
+        "rps_vs_nginx_c32": ("throughput vs nginx, 32 clients", "≥ {t}×", "{v:.2f}×"),
+        "cpu_us_per_stream": ("CPU per relayed stream, same protocol", "≤ {t:.0f} µs", "{v:.1f} µs"),
+        "cpu_us_per_translated_stream": ("CPU per relayed stream, translated", "≤ {t:.0f} µs", "{v:.1f} µs"),
+        "routewise_vs_fixed": ("routewise vs fixed throughput, 32 clients", "≥ {t}×", "{v:.2f}×"),
+        "rss_idle_mib": ("RSS idle", "< {t:.0f} MiB", "{v:.1f} MiB"),
+        "rss_idle_streams_mib": ("RSS with 10,000 idle streams", "< {t:.0f} MiB", "{v:.1f} MiB"),
+    }
+    lines += ["", "**Targets** (`fixed`)", "", "| target | goal | measured | met |", "|---|---|---:|---|"]
+    for k, (label, goal, fmt) in names.items():
+        r = targets[k]
+        lines.append(f"| {label} | {goal.format(t=r['target'])} | {fmt.format(v=r['measured'])} | "
+                     f"{'yes' if r['met'] else 'no'} |")
+    return "\n".join(lines)
+
+
+def update_readme(report):
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    start, end = "<!-- bench:start -->", "<!-- bench:end -->"
+    if start not in text or end not in text:
+        print("README.md has no bench markers; not updated")
+        return
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    readme.write_text(f"{head}{start}\n{report}\n{end}{tail}")
+    print("README.md updated")
 
 
 if __name__ == "__main__":

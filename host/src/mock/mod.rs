@@ -119,6 +119,11 @@ struct MockState {
 pub async fn run(options: MockOptions) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(options.listen).await?;
     let addr = listener.local_addr()?;
+    // SSE frames are small separate writes: without TCP_NODELAY each one after the first waits
+    // for the client's delayed ACK (~40 ms), which made streams from the mock crawl.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     announce(addr)?;
     let state = Arc::new(MockState {
         behaviour: Mutex::new(Behaviour::default()),
@@ -495,12 +500,31 @@ async fn chat(
             frames.push((frame, if i == 0 { pause } else { Duration::ZERO }));
         }
     }
+    if behaviour.break_stream_after_events.is_none() {
+        frames = coalesce(frames);
+    }
     stream_response(
         state,
         frames,
         behaviour.break_stream_after_events,
         pace.per_token,
     )
+}
+
+/// Joins each frame sent without a pause to the one before it, as a server writing into a buffered
+/// socket would: one chunk per burst rather than per frame (a write each). Streams broken on
+/// command keep their frames apart, since they count them.
+fn coalesce(frames: Vec<(Bytes, Duration)>) -> Vec<(Bytes, Duration)> {
+    let mut out: Vec<(Vec<u8>, Duration)> = Vec::new();
+    for (frame, pause) in frames {
+        match out.last_mut() {
+            Some((joined, _)) if pause.is_zero() => joined.extend_from_slice(&frame),
+            _ => out.push((frame.to_vec(), pause)),
+        }
+    }
+    out.into_iter()
+        .map(|(joined, pause)| (Bytes::from(joined), pause))
+        .collect()
 }
 
 /// Sends `frames` with their pauses, breaking the connection after `break_after` frames.

@@ -21,6 +21,7 @@ pub mod ir;
 pub mod json;
 pub mod openai_chat;
 pub mod openai_responses;
+pub mod rename;
 pub mod sse;
 
 #[cfg(test)]
@@ -73,6 +74,16 @@ impl Dialect {
             Dialect::OpenAiChat => openai_chat::parse_request(body),
             Dialect::OpenAiResponses => openai_responses::parse_request(body),
             Dialect::AnthropicMessages => anthropic_messages::parse_request(body),
+        }
+    }
+
+    /// [`Dialect::parse_request`] of a body already parsed as JSON, for callers that keep the
+    /// parsed body (pass-through) and should not parse it twice.
+    pub fn parse_request_value(self, body: &Value) -> Result<ir::Request, String> {
+        match self {
+            Dialect::OpenAiChat => openai_chat::parse_request_value(body),
+            Dialect::OpenAiResponses => openai_responses::parse_request_value(body),
+            Dialect::AnthropicMessages => anthropic_messages::parse_request_value(body),
         }
     }
 

@@ -13,11 +13,12 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use bytes::Bytes;
-use eventsource_stream::{Event, EventStreamError, Eventsource};
 use futures::{Stream, StreamExt};
 
 use crate::config::{ProviderKind, RouteConfig};
 use crate::protocol::ir::{self, StreamEvent};
+use crate::protocol::rename::ModelRename;
+use crate::protocol::sse::{self, SseEvent};
 use crate::protocol::{Decoder, Dialect, Encoder};
 use crate::strategy::{ModelRouter, Observation};
 use crate::upstream::{AttemptError, UpstreamAuth, UpstreamClient};
@@ -736,7 +737,7 @@ async fn open_stream(
     started: Instant,
     accounting: StreamAccounting,
 ) -> Result<Partial, AttemptError> {
-    let mut events = response.bytes_stream().eventsource();
+    let mut events = sse::events(Box::pin(response.bytes_stream()));
     // Until the first event nothing has reached the client, so a failure here can still fall back.
     let first = match events.next().await {
         Some(Ok(event)) => event,
@@ -757,7 +758,7 @@ async fn open_stream(
         pending: std::collections::VecDeque::new(),
         router: model.router.clone(),
         route_index: route.index,
-        provider_model_id: route.provider_model_id.clone(),
+        rename: ModelRename::new(&route.provider_model_id, &inbound.request.model),
         public_model: inbound.request.model.clone(),
         strategy_metadata: plan.strategy_metadata.clone(),
         prompt_tokens: inbound.prompt_tokens,
@@ -777,8 +778,10 @@ async fn open_stream(
     })
 }
 
-type UpstreamEvents =
-    Pin<Box<dyn Stream<Item = Result<Event, EventStreamError<reqwest::Error>>> + Send>>;
+/// Largest chunk the relay gathers from frames that are ready together.
+const BATCH_BYTES: usize = 16 * 1024;
+
+type UpstreamEvents = Pin<Box<dyn Stream<Item = Result<SseEvent, reqwest::Error>> + Send>>;
 
 /// Relays upstream SSE events to the client as they come — verbatim (model renamed) when the
 /// dialects match, else re-encoded — decoding each one to note the first token, usage and errors,
@@ -792,7 +795,8 @@ struct StreamRelay {
     pending: std::collections::VecDeque<Bytes>,
     router: Arc<ModelRouter>,
     route_index: u32,
-    provider_model_id: String,
+    /// The upstream's model name to the public one, in every verbatim frame.
+    rename: ModelRename,
     public_model: String,
     strategy_metadata: String,
     prompt_tokens: u32,
@@ -811,7 +815,7 @@ struct StreamRelay {
 
 impl StreamRelay {
     /// Queues what one upstream event becomes for the client.
-    fn relay(&mut self, event: Event) {
+    fn relay(&mut self, event: SseEvent) {
         let decoded = self.decoder.decode(&event.event, &event.data);
         self.account(&decoded);
         match &mut self.encoder {
@@ -820,21 +824,16 @@ impl StreamRelay {
         }
     }
 
-    /// The upstream's own frame, with the public model name.
-    fn verbatim(&self, event: Event) -> Bytes {
-        let data = rename_model(
-            Bytes::from(event.data),
-            &self.provider_model_id,
-            &self.public_model,
-        );
-        let mut out = Vec::with_capacity(data.len() + event.event.len() + 16);
+    /// The upstream's own frame, with the public model name, written in one buffer.
+    fn verbatim(&self, event: SseEvent) -> Bytes {
+        let mut out = Vec::with_capacity(event.data.len() + event.event.len() + 48);
         if !event.event.is_empty() && event.event != "message" {
             out.extend_from_slice(b"event: ");
             out.extend_from_slice(event.event.as_bytes());
             out.push(b'\n');
         }
         out.extend_from_slice(b"data: ");
-        out.extend_from_slice(&data);
+        self.rename.apply_into(event.data.as_bytes(), &mut out);
         out.extend_from_slice(b"\n\n");
         Bytes::from(out)
     }
@@ -955,15 +954,18 @@ impl Stream for StreamRelay {
     type Item = Bytes;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
+        // Frames that are ready together leave as one chunk (up to BATCH_BYTES); nothing waits
+        // to fill a batch, so a slow upstream's tokens still go out one by one.
+        let mut batch = sse::FrameBatch::default();
         loop {
-            if let Some(frame) = self.pending.pop_front() {
-                return Poll::Ready(Some(frame));
+            while let Some(frame) = self.pending.pop_front() {
+                batch.push(frame);
             }
-            if self.finished {
-                return Poll::Ready(None);
+            if self.finished || batch.len() >= BATCH_BYTES {
+                break;
             }
             match self.upstream.as_mut().poll_next(cx) {
-                Poll::Pending => return Poll::Pending,
+                Poll::Pending => break,
                 Poll::Ready(Some(Ok(event))) => self.relay(event),
                 Poll::Ready(None) => {
                     // The decoder knows whether the answer was complete.
@@ -992,6 +994,11 @@ impl Stream for StreamRelay {
                     self.finish(Some(message));
                 }
             }
+        }
+        match batch.take() {
+            Some(bytes) => Poll::Ready(Some(bytes)),
+            None if self.finished => Poll::Ready(None),
+            None => Poll::Pending,
         }
     }
 }
@@ -1050,31 +1057,7 @@ fn observation(
 /// Replaces the upstream's model name with the public one without re-serialising the JSON: the
 /// client asked for the public name and should not learn which deployment answered.
 pub fn rename_model(body: Bytes, provider_model_id: &str, public_model: &str) -> Bytes {
-    if provider_model_id == public_model {
-        return body;
-    }
-    let Ok(needle_value) = serde_json::to_string(provider_model_id) else {
-        return body;
-    };
-    let Ok(replacement_value) = serde_json::to_string(public_model) else {
-        return body;
-    };
-    for sep in ["\"model\":", "\"model\": "] {
-        let needle = format!("{sep}{needle_value}");
-        if let Some(at) = find(&body, needle.as_bytes()) {
-            let mut out = Vec::with_capacity(body.len() + public_model.len());
-            out.extend_from_slice(&body[..at]);
-            out.extend_from_slice(sep.as_bytes());
-            out.extend_from_slice(replacement_value.as_bytes());
-            out.extend_from_slice(&body[at + needle.len()..]);
-            return Bytes::from(out);
-        }
-    }
-    body
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
+    ModelRename::new(provider_model_id, public_model).apply(body)
 }
 
 /// Hands an observation to the strategy off the response path.

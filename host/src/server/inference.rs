@@ -216,11 +216,18 @@ async fn serve_chat(
     body: &[u8],
 ) -> Result<Response, GatewayError> {
     let started = Instant::now();
+    // Parsed once: the IR is read from it, and it is kept for upstreams of the same dialect, which
+    // get it nearly verbatim.
+    let parsed: serde_json::Value =
+        protocol::json::parse(body).map_err(GatewayError::InvalidBody)?;
     let request = dialect
-        .parse_request(body)
+        .parse_request_value(&parsed)
         .map_err(GatewayError::InvalidBody)?;
-    // The parsed body is kept for upstreams of the same dialect, which get it nearly verbatim.
-    let raw = json_object(body)?;
+    let serde_json::Value::Object(raw) = parsed else {
+        return Err(GatewayError::InvalidBody(
+            "the body must be a JSON object".into(),
+        ));
+    };
     let model = published_model(gateway, &request.model, &admission.principal)?;
     let (caller, pin) = caller_and_pin(gateway, admission, extensions, headers);
     let inbound = Inbound {

@@ -2,9 +2,12 @@
 
 pub mod key_pool;
 
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use parking_lot::RwLock;
 
 use crate::config::UpstreamConfig;
 
@@ -69,12 +72,18 @@ pub enum UpstreamAuth<'a> {
 /// The Anthropic API version the gateway speaks.
 const ANTHROPIC_VERSION: &str = "2023-06-01";
 
+/// Parsed upstream URLs kept before the cache is cleared (routes change rarely; this only bounds it).
+const URL_CACHE_LIMIT: usize = 1024;
+
 /// The shared upstream HTTP client (connection pool per upstream host).
 #[derive(Clone)]
 pub struct UpstreamClient {
     http: reqwest::Client,
     first_byte_timeout: Duration,
     request_timeout: Duration,
+    /// Upstream URLs already parsed: a route's URL is the same string on every call, and parsing
+    /// it showed in profiles under load.
+    urls: Arc<RwLock<HashMap<String, reqwest::Url>>>,
 }
 
 impl UpstreamClient {
@@ -88,7 +97,23 @@ impl UpstreamClient {
             http,
             first_byte_timeout: config.first_byte_timeout,
             request_timeout: config.request_timeout,
+            urls: Arc::default(),
         })
+    }
+
+    /// `url` parsed, from the cache when it was seen before. `None` when it does not parse; the
+    /// caller then hands reqwest the string, which reports the error as before.
+    fn parsed(&self, url: &str) -> Option<reqwest::Url> {
+        if let Some(parsed) = self.urls.read().get(url) {
+            return Some(parsed.clone());
+        }
+        let parsed = reqwest::Url::parse(url).ok()?;
+        let mut urls = self.urls.write();
+        if urls.len() >= URL_CACHE_LIMIT {
+            urls.clear();
+        }
+        urls.insert(url.to_owned(), parsed.clone());
+        Some(parsed)
     }
 
     /// POSTs a JSON body and waits for the response headers. A non-2xx answer is an error carrying
@@ -99,9 +124,11 @@ impl UpstreamClient {
         auth: UpstreamAuth<'_>,
         body: Vec<u8>,
     ) -> Result<reqwest::Response, AttemptError> {
-        let mut request = self
-            .http
-            .post(url)
+        let request = match self.parsed(url) {
+            Some(parsed) => self.http.post(parsed),
+            None => self.http.post(url),
+        };
+        let mut request = request
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(body);
         match auth {

@@ -33,8 +33,13 @@ const MODELED: &[&str] = &[
 
 /// Parses and validates a client's Messages body.
 pub fn parse_request(bytes: &[u8]) -> Result<Request, String> {
-    let v = json::parse(bytes)?;
-    let body = Obj::body(&v)?;
+    parse_request_value(&json::parse(bytes)?)
+}
+
+/// [`parse_request`] of a body already parsed as JSON (the gateway keeps the parsed body for
+/// pass-through, so it parses once).
+pub fn parse_request_value(v: &Value) -> Result<Request, String> {
+    let body = Obj::body(v)?;
     let model = body.req_str("model")?;
     let max_tokens = body.u32("max_tokens")?.ok_or("`max_tokens` is required")?;
     let raw_messages = match body.array("messages")? {

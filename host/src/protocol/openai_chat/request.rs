@@ -36,8 +36,13 @@ const MODELED: &[&str] = &[
 
 /// Parses and validates a client's Chat Completions body.
 pub fn parse_request(bytes: &[u8]) -> Result<Request, String> {
-    let v = json::parse(bytes)?;
-    let body = Obj::body(&v)?;
+    parse_request_value(&json::parse(bytes)?)
+}
+
+/// [`parse_request`] of a body already parsed as JSON (the gateway keeps the parsed body for
+/// pass-through, so it parses once).
+pub fn parse_request_value(v: &Value) -> Result<Request, String> {
+    let body = Obj::body(v)?;
     let model = body.req_str("model")?;
     let raw_messages = match body.array("messages")? {
         Some(m) if !m.is_empty() => m,

@@ -35,8 +35,13 @@ const STATELESS: &str = "this gateway is stateless: send the whole conversation 
 
 /// Parses and validates a client's Responses body.
 pub fn parse_request(bytes: &[u8]) -> Result<Request, String> {
-    let v = json::parse(bytes)?;
-    let body = Obj::body(&v)?;
+    parse_request_value(&json::parse(bytes)?)
+}
+
+/// [`parse_request`] of a body already parsed as JSON (the gateway keeps the parsed body for
+/// pass-through, so it parses once).
+pub fn parse_request_value(v: &Value) -> Result<Request, String> {
+    let body = Obj::body(v)?;
     let model = body.req_str("model")?;
     if body.has("previous_response_id") {
         return Err(format!(

@@ -15,7 +15,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use eventsource_stream::Eventsource;
 use futures::StreamExt;
 use serde::Serialize;
 use serde_json::Value;
@@ -162,7 +161,9 @@ pub async fn probe(client: &UpstreamClient, route: &RouteConfig) -> (Observation
     let outcome = tokio::time::timeout(PROBE_TIMEOUT, async {
         let response = client.post_json(&url, auth, body).await?;
         let mut decoder = dialect.decoder();
-        let mut events = response.bytes_stream().eventsource();
+        let mut chunks = response.bytes_stream();
+        let mut reader = crate::protocol::sse::EventReader::new();
+        let mut events = std::collections::VecDeque::new();
         let mut complete = false;
         let mut note = |decoded: Vec<StreamEvent>| -> Result<(), AttemptError> {
             for event in decoded {
@@ -183,9 +184,12 @@ pub async fn probe(client: &UpstreamClient, route: &RouteConfig) -> (Observation
             }
             Ok(())
         };
-        while let Some(event) = events.next().await {
-            let event = event.map_err(|e| AttemptError::Transport(e.to_string()))?;
-            note(decoder.decode(&event.event, &event.data))?;
+        while let Some(chunk) = chunks.next().await {
+            let chunk = chunk.map_err(|e| AttemptError::Transport(e.to_string()))?;
+            reader.feed(&chunk, &mut events);
+            for event in events.drain(..) {
+                note(decoder.decode(&event.event, &event.data))?;
+            }
         }
         note(decoder.finish())?;
         if complete || first_token.is_some() {
