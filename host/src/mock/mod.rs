@@ -487,7 +487,12 @@ async fn chat(
 
     if !request.stream {
         let tokens = u32::try_from(answer.pieces.len()).unwrap_or(u32::MAX);
-        tokio::time::sleep(pace.ttft + pace.per_token * tokens).await;
+        let pause = pace.ttft + pace.per_token * tokens;
+        // A zero sleep still waits for the timer's next tick (~1 ms): every answer of a mock
+        // without delays took a millisecond, which hid what a proxy adds at low concurrency.
+        if !pause.is_zero() {
+            tokio::time::sleep(pause).await;
+        }
         let body = dialect.build_response(&answer.response(), &answer.model);
         return ([(header::CONTENT_TYPE, "application/json")], body).into_response();
     }
