@@ -212,7 +212,7 @@ async fn key_affinity_survives_traffic_and_quiet_periods_and_drops_on_declaratio
             json!({"upstream_id": upstream, "secret": "sk-db-pro", "min_role": "pro"}),
         )
         .await;
-    eventually(Duration::from_secs(3), "the pro caller moves", || async {
+    eventually(Duration::from_secs(10), "the pro caller moves", || async {
         let used = keys_used(&gateway, &mock, path, Auth::Bearer(&pro), 1).await;
         used == only("sk-db-pro", 1)
     })
