@@ -6,50 +6,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use crate::databases::{Db, on_both_databases};
 use crate::harness::{Gateway, Mock, PgSchema, chat_body};
 
 pub(crate) const TOKEN: &str = "routes-admin-token";
-
-/// Which database a scenario runs on; holds the PostgreSQL schema while the test lives.
-enum Db {
-    Sqlite,
-    Postgres(PgSchema),
-}
-
-impl Db {
-    async fn postgres() -> Db {
-        Db::Postgres(PgSchema::create().await)
-    }
-
-    fn url(&self) -> Option<&str> {
-        match self {
-            Db::Sqlite => None,
-            Db::Postgres(schema) => Some(&schema.url),
-        }
-    }
-}
-
-/// Runs a scenario `async fn NAME(db: Db)` once per database.
-macro_rules! on_both_databases {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Db::Sqlite).await;
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Db::postgres().await).await;
-                }
-            )*
-        }
-    };
-}
 
 on_both_databases!(
     prefixes_and_each_auth_mode_in_priority_order,
@@ -66,7 +26,7 @@ fn start(db: &Db, extra_env: &[(&str, &str)]) -> Gateway {
     ];
     env.extend_from_slice(extra_env);
     Gateway::start_on(
-        db.url(),
+        Some(&db.url()),
         &format!("server:\n  admin_token: {TOKEN}\n"),
         &env,
     )
@@ -753,7 +713,7 @@ async fn keys_expand_into_candidates_and_lower_tiers_wait_for_higher_ones(db: Db
 async fn models_list_aggregates_sorts_and_respects_groups(db: Db) {
     let (one, two, three) = (Mock::start(&[]), Mock::start(&[]), Mock::start(&[]));
     let gateway = Gateway::start_on(
-        db.url(),
+        Some(&db.url()),
         &format!(
             "server:\n  admin_token: {TOKEN}\nmodels:\n  - id: mid\n    aliases: [mid-alias]\n    route:\n      - kind: openai_compat\n        base_url: {}\n",
             one.base_url()
@@ -811,10 +771,8 @@ async fn models_list_aggregates_sorts_and_respects_groups(db: Db) {
 
 async fn changes_reach_a_second_gateway_process_within_two_seconds(db: Db) {
     let mock = Mock::start(&[]);
-    // On SQLite both processes share one file.
-    let dir = tempfile::tempdir().unwrap();
-    let sqlite = format!("sqlite://{}", dir.path().join("shared.db").display());
-    let url = db.url().map(str::to_owned).unwrap_or(sqlite);
+    // Both processes share one database (on SQLite, one file).
+    let url = db.url();
     let env = [
         ("ROUTING_AFFINITY_ENABLED", "0"),
         ("SWITCHYARD_DEFAULT_AUTH", "disabled"),

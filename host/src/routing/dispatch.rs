@@ -233,7 +233,7 @@ pub fn upstream_dialect(kind: ProviderKind) -> Dialect {
 
 /// The URL and credential of a call to `route` in `dialect`; `credential` (a pass-through
 /// route's client key) replaces the route's own key.
-fn endpoint<'a>(
+pub(crate) fn endpoint<'a>(
     route: &'a RouteConfig,
     dialect: Dialect,
     credential: Option<&'a str>,

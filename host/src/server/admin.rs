@@ -25,14 +25,10 @@ pub fn is_admin(gateway: &Gateway, headers: &HeaderMap) -> bool {
     let Some(given) = bearer(headers) else {
         return false;
     };
-    let (a, b) = (
-        Sha256::digest(expected.as_bytes()),
-        Sha256::digest(given.as_bytes()),
-    );
-    a.iter()
-        .zip(b.iter())
-        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-        == 0
+    super::auth::digest_eq(
+        &Sha256::digest(expected.as_bytes()),
+        &Sha256::digest(given.as_bytes()),
+    )
 }
 
 fn bearer(headers: &HeaderMap) -> Option<&str> {

@@ -121,56 +121,41 @@ fn chunks(mut rows: &[ApiLogRow]) -> impl Iterator<Item = &[ApiLogRow]> {
     })
 }
 
+/// One transaction of multi-row INSERTs on a pool of database `$db`; the statements are the same
+/// for both backends, only the query builder's type differs.
+macro_rules! insert_rows {
+    ($db:ty, $pool:expr, $rows:expr) => {{
+        let mut tx = $pool.begin().await?;
+        for chunk in chunks($rows) {
+            let mut qb = sqlx::QueryBuilder::<$db>::new(COLUMNS);
+            qb.push_values(chunk, |mut b, r| {
+                b.push_bind(r.created_at_ms)
+                    .push_bind(&r.route)
+                    .push_bind(&r.consumer)
+                    .push_bind(&r.model)
+                    .push_bind(&r.endpoint_id)
+                    .push_bind(r.attempts)
+                    .push_bind(r.fell_back)
+                    .push_bind(r.status)
+                    .push_bind(r.ttft_ms)
+                    .push_bind(r.latency_ms)
+                    .push_bind(r.prompt_tokens)
+                    .push_bind(r.completion_tokens)
+                    .push_bind(&r.error);
+            });
+            qb.build().execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+    }};
+}
+
+const COLUMNS: &str = "INSERT INTO api_logs (created_at_ms, route, consumer, model, endpoint_id, attempts, fell_back, status, ttft_ms, latency_ms, prompt_tokens, completion_tokens, error) ";
+
 /// Writes `rows` in one transaction.
 async fn write(store: &Store, rows: &[ApiLogRow]) -> Result<(), sqlx::Error> {
-    const COLUMNS: &str = "INSERT INTO api_logs (created_at_ms, route, consumer, model, endpoint_id, attempts, fell_back, status, ttft_ms, latency_ms, prompt_tokens, completion_tokens, error) ";
     match store.pool() {
-        Pool::Sqlite(pool) => {
-            let mut tx = pool.begin().await?;
-            for chunk in chunks(rows) {
-                let mut qb = sqlx::QueryBuilder::<sqlx::Sqlite>::new(COLUMNS);
-                qb.push_values(chunk, |mut b, r| {
-                    b.push_bind(r.created_at_ms)
-                        .push_bind(&r.route)
-                        .push_bind(&r.consumer)
-                        .push_bind(&r.model)
-                        .push_bind(&r.endpoint_id)
-                        .push_bind(r.attempts)
-                        .push_bind(r.fell_back)
-                        .push_bind(r.status)
-                        .push_bind(r.ttft_ms)
-                        .push_bind(r.latency_ms)
-                        .push_bind(r.prompt_tokens)
-                        .push_bind(r.completion_tokens)
-                        .push_bind(&r.error);
-                });
-                qb.build().execute(&mut *tx).await?;
-            }
-            tx.commit().await?;
-        }
-        Pool::Postgres(pool) => {
-            let mut tx = pool.begin().await?;
-            for chunk in chunks(rows) {
-                let mut qb = sqlx::QueryBuilder::<sqlx::Postgres>::new(COLUMNS);
-                qb.push_values(chunk, |mut b, r| {
-                    b.push_bind(r.created_at_ms)
-                        .push_bind(&r.route)
-                        .push_bind(&r.consumer)
-                        .push_bind(&r.model)
-                        .push_bind(&r.endpoint_id)
-                        .push_bind(r.attempts)
-                        .push_bind(r.fell_back)
-                        .push_bind(r.status)
-                        .push_bind(r.ttft_ms)
-                        .push_bind(r.latency_ms)
-                        .push_bind(r.prompt_tokens)
-                        .push_bind(r.completion_tokens)
-                        .push_bind(&r.error);
-                });
-                qb.build().execute(&mut *tx).await?;
-            }
-            tx.commit().await?;
-        }
+        Pool::Sqlite(pool) => insert_rows!(sqlx::Sqlite, pool, rows),
+        Pool::Postgres(pool) => insert_rows!(sqlx::Postgres, pool, rows),
     }
     Ok(())
 }

@@ -35,13 +35,7 @@ pub struct BootstrapSettings {
 impl BootstrapSettings {
     /// `params` as the router got them; missing keys take the `default` of `schema`.
     pub fn from_params(params: &Value, schema: &Value) -> Self {
-        let get = |key: &str| {
-            params
-                .get(key)
-                .or_else(|| schema["properties"][key].get("default"))
-                .cloned()
-                .unwrap_or(Value::Null)
-        };
+        let get = |key: &str| super::param(params, schema, key);
         BootstrapSettings {
             enabled: get("db_bootstrap_enabled").as_bool().unwrap_or(false),
             max_rows: get("db_bootstrap_max_rows").as_u64().unwrap_or(10_000),

@@ -55,6 +55,20 @@ pub struct RouteWiseHost {
     pub probes: Arc<probe::ProbeBoard>,
 }
 
+/// A router param as the router got it: `params[key]`, else the `default` the strategy's schema
+/// declares for it, else null.
+pub fn param(
+    params: &serde_json::Value,
+    schema: &serde_json::Value,
+    key: &str,
+) -> serde_json::Value {
+    params
+        .get(key)
+        .or_else(|| schema["properties"][key].get("default"))
+        .cloned()
+        .unwrap_or(serde_json::Value::Null)
+}
+
 /// The loaded `routewise` strategy, if the catalog has one.
 pub fn strategy(catalog: &StrategyCatalog) -> Option<Arc<LoadedStrategy>> {
     match catalog.get(STRATEGY) {

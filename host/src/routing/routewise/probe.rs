@@ -20,12 +20,11 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::config::{ModelConfig, RouteConfig};
-use crate::protocol::Dialect;
 use crate::protocol::ir::{self, StreamEvent};
 use crate::routing::quota::QuotaBoard;
 use crate::routing::table::RouteTable;
 use crate::strategy::{ModelRouter, Observation};
-use crate::upstream::{AttemptError, UpstreamAuth, UpstreamClient};
+use crate::upstream::{AttemptError, UpstreamClient};
 
 /// The longest a probe may take, from sending to the end of the stream.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -43,13 +42,7 @@ pub struct ProbeSettings {
 
 impl ProbeSettings {
     pub fn from_params(params: &Value, schema: &Value) -> Self {
-        let get = |key: &str| {
-            params
-                .get(key)
-                .or_else(|| schema["properties"][key].get("default"))
-                .cloned()
-                .unwrap_or(Value::Null)
-        };
+        let get = |key: &str| super::param(params, schema, key);
         ProbeSettings {
             enabled: get("routewise_probe_enabled").as_bool().unwrap_or(false),
             // A 0 s interval would probe on every tick; one second is the finest the key means.
@@ -122,26 +115,6 @@ pub fn pick<'a>(
         .map(|(r, _)| r)
 }
 
-/// The URL and credential of a call to `route` (as the dispatcher builds them).
-fn endpoint(route: &RouteConfig, dialect: Dialect) -> (String, UpstreamAuth<'_>) {
-    let key = route.api_key.as_deref();
-    match dialect {
-        Dialect::AnthropicMessages => {
-            let base = route.base_url.trim_end_matches('/');
-            let url = if base.ends_with("/v1") {
-                format!("{base}/messages")
-            } else {
-                format!("{base}/v1/messages")
-            };
-            (url, UpstreamAuth::Anthropic(key))
-        }
-        other => (
-            format!("{}{}", route.base_url, other.path()),
-            UpstreamAuth::Bearer(key),
-        ),
-    }
-}
-
 /// Streams a one-token `ping` to `route` and turns the outcome into an observation.
 pub async fn probe(client: &UpstreamClient, route: &RouteConfig) -> (Observation, ProbeRecord) {
     let dialect = crate::routing::dispatch::upstream_dialect(route.kind);
@@ -154,7 +127,7 @@ pub async fn probe(client: &UpstreamClient, route: &RouteConfig) -> (Observation
     request.max_output_tokens = Some(1);
     let prompt_estimate = request.prompt_token_estimate();
     let body = dialect.build_request(&request, &route.provider_model_id);
-    let (url, auth) = endpoint(route, dialect);
+    let (url, auth) = crate::routing::dispatch::endpoint(route, dialect, None);
     let started = Instant::now();
     let mut first_token: Option<f64> = None;
     let mut usage = ir::Usage::default();
