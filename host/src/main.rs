@@ -231,14 +231,12 @@ async fn serve(config_path: &Path, listen: Option<String>) -> anyhow::Result<()>
         .with_context(|| format!("cannot listen on {listen}"))?;
     let addr = listener.local_addr()?;
     if !addr.ip().is_loopback() {
-        for route in gateway.inbound_routes().routes() {
-            if route.enabled && route.auth == switchyard::server::routes::RouteAuth::Disabled {
-                tracing::warn!(
-                    route = %route.name,
-                    path_prefix = %route.path_prefix,
-                    "serving without authentication on {addr}, which is not a loopback address: anyone who can reach it may spend the upstream credentials"
-                );
-            }
+        for route in gateway.inbound_routes().unauthenticated() {
+            tracing::warn!(
+                route = %route.name,
+                path_prefix = %route.path_prefix,
+                "serving without authentication on {addr}, which is not a loopback address: anyone who can reach it may spend the upstream credentials"
+            );
         }
     }
     for model in gateway.table().models() {

@@ -204,11 +204,11 @@ impl RouteSet {
         &self.routes
     }
 
-    /// Whether some enabled route lets callers in without any credential check.
-    pub fn any_unauthenticated(&self) -> bool {
+    /// The enabled routes that let callers in without any credential check.
+    pub fn unauthenticated(&self) -> impl Iterator<Item = &InboundRoute> {
         self.routes
             .iter()
-            .any(|r| r.enabled && r.auth == RouteAuth::Disabled)
+            .filter(|r| r.enabled && r.auth == RouteAuth::Disabled)
     }
 }
 
@@ -338,14 +338,14 @@ mod tests {
         assert_eq!(set.routes().len(), 1);
         assert_eq!(set.routes()[0].source, RouteSource::Implicit);
         assert_eq!(set.routes()[0].auth, RouteAuth::Disabled);
-        assert!(set.any_unauthenticated());
+        assert_eq!(set.unauthenticated().count(), 1);
         let secure = RouteSet::build(
             &config(vec![], DefaultAuth::ConsumerKeys),
             &Snapshot::empty(),
         );
         assert_eq!(secure.routes()[0].auth, RouteAuth::ConsumerKeys);
         assert_eq!(secure.routes()[0].max_attempts, 2);
-        assert!(!secure.any_unauthenticated());
+        assert_eq!(secure.unauthenticated().count(), 0);
     }
 
     #[test]

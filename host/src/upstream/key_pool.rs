@@ -245,22 +245,6 @@ impl KeyPools {
         *declarations = next;
         dropped
     }
-
-    /// Quieted keys, for status pages: fingerprint prefix → status and seconds left.
-    pub fn quieted(&self, now: Instant) -> Vec<(String, u16, f64)> {
-        self.quiet
-            .lock()
-            .iter()
-            .filter(|(_, q)| q.until > now)
-            .map(|(f, q)| {
-                (
-                    f.chars().take(12).collect(),
-                    q.status,
-                    (q.until - now).as_secs_f64(),
-                )
-            })
-            .collect()
-    }
 }
 
 /// The key a caller of `role` would get first from `declarations`: the most reserved it may use,
