@@ -45,7 +45,11 @@ CONCURRENCY = [1, 32, 256]
 TTFB_REQUESTS = 200 if QUICK else 1000
 IDLE_STREAMS = 10_000
 COMPLETION_TOKENS = 16
-PORTS = {"mock": 19101, "nginx": 19102, "switchyard": 19103, "slow_mock": 19104}
+PORTS = {"mock": 19101, "nginx": 19102, "switchyard": 19103, "slow_mock": 19104, "switchyard_per_core": 19105}
+# The gateway serves with one thread, as nginx below runs one worker process: the hop is compared
+# with the same share of the machine. A second gateway with the default (one thread per core) is
+# measured too, non-streaming, so the table shows what the default costs here.
+GATEWAY_THREADS = "1"
 PROMPT = [{"role": "user", "content": "Say hello in one short sentence."}]
 STRATEGIES = ("fixed", "round_robin", "routewise")
 IDLE_MODELS_PER_STRATEGY = 20
@@ -317,8 +321,14 @@ def main():
 
         (work / "bench.yaml").write_text(gateway_config(work))
         gw = subprocess.Popen([binary, "serve", "--config", str(work / "bench.yaml"),
-                               "--listen", f"127.0.0.1:{PORTS['switchyard']}"], stdout=subprocess.DEVNULL, env=env)
+                               "--listen", f"127.0.0.1:{PORTS['switchyard']}"], stdout=subprocess.DEVNULL,
+                              env=dict(env, SWITCHYARD_WORKER_THREADS=GATEWAY_THREADS))
         procs.append(gw)
+        gw_per_core = subprocess.Popen([binary, "serve", "--config", str(work / "bench.yaml"),
+                                        "--listen", f"127.0.0.1:{PORTS['switchyard_per_core']}"],
+                                       stdout=subprocess.DEVNULL, env=env)
+        procs.append(gw_per_core)
+        wait_http(f"http://127.0.0.1:{PORTS['switchyard_per_core']}/health")
         gw_url = f"http://127.0.0.1:{PORTS['switchyard']}"
         wait_http(gw_url + "/health")
         time.sleep(1)
@@ -331,6 +341,9 @@ def main():
             ("nginx", f"http://127.0.0.1:{PORTS['nginx']}", "sim", nginx_workers),
         ] + [(f"switchyard {s}", gw_url, f"bench-{s}", [gw.pid]) for s in STRATEGIES]
         runs = [(mode, *t) for mode in ("json", "stream") for t in targets]
+        runs.insert(len(targets), ("json", "switchyard fixed, thread per core",
+                                   f"http://127.0.0.1:{PORTS['switchyard_per_core']}", "bench-fixed",
+                                   [gw_per_core.pid]))
         # Translation: an Anthropic Messages client; the mock answers it directly in that protocol,
         # the gateway's bench-fixed route speaks OpenAI Chat to the same mock.
         runs += [(mode, name, base, model, pids) for mode in ("json", "stream") for name, base, model, pids in (
@@ -434,7 +447,9 @@ def render(results, extra):
         f"Measured {time.strftime('%Y-%m-%d')} on {machine()}; {DURATION} s per point, wrk, mock upstream "
         f"answering {COMPLETION_TOKENS} tokens without delay ({extra['events_per_stream']['openai']} SSE events "
         f"per OpenAI stream, {extra['events_per_stream']['anthropic']} per Anthropic one); RUST_LOG=warn; "
-        "the load generator, proxies and mock share the cores.",
+        "the load generator, proxies and mock share the cores. nginx runs one worker process and the "
+        f"gateway {GATEWAY_THREADS} worker thread (`SWITCHYARD_WORKER_THREADS`), except the row marked "
+        "\"thread per core\" (the default).",
     ]
     for mode, title, unit in (("json", "Non-streaming", "req"), ("stream", "Streaming", "stream")):
         direct = {r["concurrency"]: r for r in results if r["mode"] == mode and r["target"] == "direct"}

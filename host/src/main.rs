@@ -57,6 +57,11 @@ enum Command {
         /// Listen address, overriding `server.listen` (port 0 picks a free port).
         #[arg(long)]
         listen: Option<String>,
+        /// Threads that serve requests; one per CPU core when unset. Fewer leave cores to
+        /// co-located processes (an inference server, a load generator): on a 2-core machine
+        /// shared with both, one thread served as many requests with less CPU per request.
+        #[arg(long, env = "SWITCHYARD_WORKER_THREADS", value_parser = clap::value_parser!(u16).range(1..))]
+        worker_threads: Option<u16>,
     },
     /// Validate the config and strategies; print each model's router and routes.
     Check {
@@ -152,12 +157,18 @@ fn main() -> anyhow::Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    runtime.enable_all();
+    if let Command::Serve {
+        worker_threads: Some(n),
+        ..
+    } = &cli.command
+    {
+        runtime.worker_threads(usize::from(*n));
+    }
+    let runtime = runtime.build().context("starting the async runtime")?;
     match cli.command {
-        Command::Serve { config, listen } => runtime.block_on(serve(&config.config, listen)),
+        Command::Serve { config, listen, .. } => runtime.block_on(serve(&config.config, listen)),
         Command::Check { config } => runtime.block_on(check(&config.config)),
         Command::Migrate { config } => runtime.block_on(async {
             let config = load_config(&config.config)?;

@@ -162,7 +162,7 @@ impl EventReader {
             self.after_cr = false;
             chunk = chunk.strip_prefix(b"\n").unwrap_or(chunk);
         }
-        while let Some(end) = chunk.iter().position(|&b| b == b'\n' || b == b'\r') {
+        while let Some(end) = memchr::memchr2(b'\n', b'\r', chunk) {
             let (line, rest) = chunk.split_at(end);
             chunk = &rest[1..];
             if rest[0] == b'\r' {
@@ -199,14 +199,19 @@ impl EventReader {
         if line[0] == b':' {
             return;
         }
-        let (field, value) = match line.iter().position(|&b| b == b':') {
+        let (field, value) = match memchr::memchr(b':', line) {
             Some(colon) => {
                 let value = &line[colon + 1..];
                 (&line[..colon], value.strip_prefix(b" ").unwrap_or(value))
             }
             None => (line, &[][..]),
         };
-        let value = String::from_utf8_lossy(value);
+        // Checked first as it almost always is, valid UTF-8: the lossy conversion walks its
+        // input in small chunks and was the costliest step of reading a stream.
+        let value = match std::str::from_utf8(value) {
+            Ok(text) => std::borrow::Cow::Borrowed(text),
+            Err(_) => String::from_utf8_lossy(value),
+        };
         match field {
             b"event" => self.event = value.into_owned(),
             b"data" => match self.data.as_mut() {

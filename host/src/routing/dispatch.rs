@@ -263,22 +263,66 @@ fn upstream_body(inbound: &Inbound, route: &RouteConfig, dialect: Dialect) -> Ve
     if dialect != inbound.dialect {
         return dialect.build_request(&inbound.request, &route.provider_model_id);
     }
-    let mut body = inbound.body.clone();
-    body.insert(
-        "model".into(),
-        serde_json::Value::String(route.provider_model_id.clone()),
-    );
-    // Usage on Chat streams lets the gateway account tokens; the extra chunk is valid for clients.
-    if dialect == Dialect::OpenAiChat && inbound.request.stream {
-        let options = body
-            .entry("stream_options")
-            .or_insert_with(|| serde_json::Value::Object(Default::default()));
-        if let serde_json::Value::Object(o) = options {
-            o.entry("include_usage")
-                .or_insert(serde_json::Value::Bool(true));
-        }
-    }
+    let body = PassThroughBody {
+        body: &inbound.body,
+        model: &route.provider_model_id,
+        // Usage on Chat streams lets the gateway account tokens; the extra chunk is valid for clients.
+        include_usage: dialect == Dialect::OpenAiChat && inbound.request.stream,
+    };
     serde_json::to_vec(&body).unwrap_or_default()
+}
+
+/// The client's body as it goes to a same-dialect upstream, written straight from the parsed
+/// request: the model swapped, `stream_options.include_usage` added when asked for. Serialising
+/// it this way spares a copy of the whole body (messages and all) per attempt.
+struct PassThroughBody<'a> {
+    body: &'a serde_json::Map<String, serde_json::Value>,
+    model: &'a str,
+    include_usage: bool,
+}
+
+impl serde::Serialize for PassThroughBody<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(None)?;
+        for (key, value) in self.body {
+            match (key.as_str(), value) {
+                ("model", _) => map.serialize_entry(key, self.model)?,
+                ("stream_options", serde_json::Value::Object(options)) if self.include_usage => {
+                    map.serialize_entry(key, &WithIncludeUsage(options))?;
+                }
+                // Not an object: the client's value was not usable, and an object replaces it.
+                ("stream_options", _) if self.include_usage => {
+                    map.serialize_entry(key, &WithIncludeUsage(&serde_json::Map::new()))?;
+                }
+                _ => map.serialize_entry(key, value)?,
+            }
+        }
+        if !self.body.contains_key("model") {
+            map.serialize_entry("model", self.model)?;
+        }
+        if self.include_usage && !self.body.contains_key("stream_options") {
+            map.serialize_entry("stream_options", &WithIncludeUsage(&serde_json::Map::new()))?;
+        }
+        map.end()
+    }
+}
+
+/// `stream_options` with `include_usage: true` unless the client set it.
+struct WithIncludeUsage<'a>(&'a serde_json::Map<String, serde_json::Value>);
+
+impl serde::Serialize for WithIncludeUsage<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(None)?;
+        for (key, value) in self.0 {
+            map.serialize_entry(key, value)?;
+        }
+        if !self.0.contains_key("include_usage") {
+            map.serialize_entry("include_usage", &true)?;
+        }
+        map.end()
+    }
 }
 
 /// Everything one chat attempt needs besides its route.
@@ -1060,15 +1104,65 @@ pub fn rename_model(body: Bytes, provider_model_id: &str, public_model: &str) ->
     ModelRename::new(provider_model_id, public_model).apply(body)
 }
 
-/// Hands an observation to the strategy off the response path.
+/// Hands an observation to the strategy. `observe` is a short synchronous wasm call that almost
+/// always completes in its first poll, so it runs here; only when it has to wait (another call
+/// holds the model's instance, or a guest waits on host I/O) does it become a task of its own.
+/// A task per request was a wake-up of another worker thread on every request.
 fn report(router: &Arc<ModelRouter>, observation: Observation) {
     let router = router.clone();
-    tokio::spawn(async move { router.observe(&observation).await });
+    let mut call = Box::pin(async move { router.observe(&observation).await });
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    if call.as_mut().poll(&mut cx).is_pending() {
+        tokio::spawn(call);
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pass_through_body_swaps_the_model_and_asks_for_usage() {
+        let body = |json: serde_json::Value, include_usage: bool| {
+            let serde_json::Value::Object(map) = json else {
+                panic!("test bodies are objects");
+            };
+            let out = serde_json::to_vec(&PassThroughBody {
+                body: &map,
+                model: "up/model",
+                include_usage,
+            })
+            .expect("serialises");
+            serde_json::from_slice::<serde_json::Value>(&out).expect("valid JSON")
+        };
+        let messages = serde_json::json!([{"role": "user", "content": "hi"}]);
+        assert_eq!(
+            body(
+                serde_json::json!({"model": "pub", "messages": messages, "x_vendor": {"k": 1}}),
+                false
+            ),
+            serde_json::json!({"model": "up/model", "messages": messages, "x_vendor": {"k": 1}})
+        );
+        assert_eq!(
+            body(serde_json::json!({"model": "pub", "stream": true}), true),
+            serde_json::json!({"model": "up/model", "stream": true, "stream_options": {"include_usage": true}})
+        );
+        // The client's own choice stands; other options are kept.
+        assert_eq!(
+            body(
+                serde_json::json!({"model": "pub", "stream_options": {"include_usage": false, "other": 1}}),
+                true
+            ),
+            serde_json::json!({"model": "up/model", "stream_options": {"include_usage": false, "other": 1}})
+        );
+        assert_eq!(
+            body(
+                serde_json::json!({"model": "pub", "stream_options": null}),
+                true
+            ),
+            serde_json::json!({"model": "up/model", "stream_options": {"include_usage": true}})
+        );
+    }
 
     #[test]
     fn renames_model_in_compact_and_spaced_json() {

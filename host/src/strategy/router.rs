@@ -404,10 +404,18 @@ impl ModelRouter {
 
 /// A call awaiting a host future (a guest blocked on WASI I/O) is not interrupted by epochs, which
 /// only tick inside wasm code; a timer at the wall-clock backstop bounds it too.
+///
+/// A synchronous guest (every strategy that does no I/O) finishes within the first poll, which
+/// therefore runs without the timer: arming and cancelling one per call showed in profiles.
 async fn bounded<T>(
     deadline: Duration,
     call: impl std::future::Future<Output = wasmtime::Result<T>>,
 ) -> wasmtime::Result<T> {
+    let mut call = std::pin::pin!(call);
+    let first = std::future::poll_fn(|cx| std::task::Poll::Ready(call.as_mut().poll(cx))).await;
+    if let std::task::Poll::Ready(result) = first {
+        return result;
+    }
     match tokio::time::timeout(wall_backstop(deadline), call).await {
         Ok(result) => result,
         Err(_) => Err(wasmtime::Error::new(DeadlineElapsed)),

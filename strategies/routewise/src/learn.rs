@@ -66,6 +66,30 @@ impl LatencyProfile {
         (!self.samples.is_empty()).then(|| (self.sum / self.samples.len() as f64).max(0.0))
     }
 
+    /// The smallest sample `v` with at least `share` of the samples at or below it: the profile
+    /// meets a time limit `t` with probability `share` exactly when `v <= t`. One selection, so a
+    /// caller comparing against many limits pays for the samples once.
+    pub fn share_quantile(&self, share: f64) -> Option<f64> {
+        let n = self.samples.len();
+        if n == 0 {
+            return None;
+        }
+        // The least count k with k / n >= share, in the same float arithmetic as `slo_share`.
+        let mut k = ((share * n as f64).ceil() as usize).clamp(1, n);
+        while k > 1 && (k - 1) as f64 / n as f64 >= share {
+            k -= 1;
+        }
+        while k < n && (k as f64 / n as f64) < share {
+            k += 1;
+        }
+        if (k as f64 / n as f64) < share {
+            return None;
+        }
+        let mut values: Vec<f64> = self.samples.iter().map(|&(_, ms)| ms).collect();
+        let (_, kth, _) = values.select_nth_unstable_by(k - 1, f64::total_cmp);
+        Some(*kth)
+    }
+
     /// Share of samples at or below `slo_ms`; `None` without samples.
     pub fn slo_share(&self, slo_ms: f64) -> Option<f64> {
         (!self.samples.is_empty()).then(|| {
@@ -135,9 +159,16 @@ pub struct OutputThresholds {
 /// Predicts completion tokens from (model, ⌊log2 prompt tokens⌋).
 #[derive(Clone, Debug, Default)]
 pub struct OutputPredictor {
-    buckets: BTreeMap<(String, u32), MeanStat>,
-    models: BTreeMap<String, MeanStat>,
+    /// Per model: its overall stat and its stats by prompt bucket. Keyed by model first so a
+    /// lookup borrows the name instead of allocating a key on every request.
+    models: BTreeMap<String, ModelStats>,
     global: MeanStat,
+}
+
+#[derive(Clone, Debug, Default)]
+struct ModelStats {
+    all: MeanStat,
+    buckets: BTreeMap<u32, MeanStat>,
 }
 
 /// ⌊log2 prompt_tokens⌋, with 0 tokens in bucket 0.
@@ -148,11 +179,16 @@ pub fn prompt_bucket(prompt_tokens: u32) -> u32 {
 impl OutputPredictor {
     pub fn record(&mut self, model: &str, prompt_tokens: u32, completion_tokens: u32) {
         let value = f64::from(completion_tokens);
-        self.buckets
-            .entry((model.to_owned(), prompt_bucket(prompt_tokens)))
+        let stats = match self.models.get_mut(model) {
+            Some(stats) => stats,
+            None => self.models.entry(model.to_owned()).or_default(),
+        };
+        stats
+            .buckets
+            .entry(prompt_bucket(prompt_tokens))
             .or_default()
             .add(value);
-        self.models.entry(model.to_owned()).or_default().add(value);
+        stats.all.add(value);
         self.global.add(value);
     }
 
@@ -165,17 +201,13 @@ impl OutputPredictor {
         max_tokens: Option<u32>,
         thresholds: OutputThresholds,
     ) -> (u32, OutputSource) {
-        let bucket = self
-            .buckets
-            .get(&(model.to_owned(), prompt_bucket(prompt_tokens)))
+        let stats = self.models.get(model);
+        let bucket = stats
+            .and_then(|m| m.buckets.get(&prompt_bucket(prompt_tokens)))
             .and_then(|s| s.mean_if(thresholds.bucket));
         let (tokens, source) = if let Some(mean) = bucket {
             (mean, OutputSource::Bucket)
-        } else if let Some(mean) = self
-            .models
-            .get(model)
-            .and_then(|s| s.mean_if(thresholds.model))
-        {
+        } else if let Some(mean) = stats.and_then(|m| m.all.mean_if(thresholds.model)) {
             (mean, OutputSource::Model)
         } else if let Some(mean) = self.global.mean_if(thresholds.global) {
             (mean, OutputSource::Global)
@@ -194,15 +226,15 @@ impl OutputPredictor {
     }
 
     pub fn model(&self, model: &str) -> MeanStat {
-        self.models.get(model).copied().unwrap_or_default()
+        self.models.get(model).map(|m| m.all).unwrap_or_default()
     }
 
     /// The buckets of `model`: (⌊log2⌋, stat).
     pub fn buckets<'a>(&'a self, model: &'a str) -> impl Iterator<Item = (u32, MeanStat)> + 'a {
-        self.buckets
-            .iter()
-            .filter(move |((m, _), _)| m == model)
-            .map(|((_, b), s)| (*b, *s))
+        self.models
+            .get(model)
+            .into_iter()
+            .flat_map(|m| m.buckets.iter().map(|(b, s)| (*b, *s)))
     }
 }
 
@@ -426,6 +458,26 @@ mod tests {
         assert_eq!(prompt_bucket(0), 0);
         assert_eq!(prompt_bucket(1), 0);
         assert_eq!(prompt_bucket(1_024), 10);
+    }
+
+    #[test]
+    fn share_quantile_agrees_with_slo_share_at_every_limit() {
+        let mut profile = LatencyProfile::default();
+        for (i, ms) in [5.0, 1.0, 9.0, 3.0, 3.0, 7.0, 2.0, 8.0, 4.0, 6.0, 10.0, 12.0]
+            .into_iter()
+            .enumerate()
+        {
+            profile.push(i as u64, ms, 1_000, 100);
+        }
+        for share in [0.5, 0.75, 0.9, 0.99, 1.0] {
+            let v = profile.share_quantile(share).expect("has samples");
+            for limit in 0..=13 {
+                let limit = f64::from(limit);
+                let met = profile.slo_share(limit).expect("has samples") >= share;
+                assert_eq!(met, v <= limit, "share {share}, limit {limit}");
+            }
+        }
+        assert_eq!(LatencyProfile::default().share_quantile(0.99), None);
     }
 
     #[test]

@@ -21,6 +21,7 @@ mod tests;
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 
 use serde_json::{Value, json};
 use switchyard_sdk::{
@@ -65,20 +66,21 @@ pub struct DecisionTag {
 
 impl DecisionTag {
     pub fn encode(&self) -> String {
-        let mut flags = String::new();
-        if self.explore {
-            flags.push('e');
-        }
-        if self.slot {
-            flags.push('c');
-        }
-        if flags.is_empty() {
-            flags.push('-');
-        }
-        format!(
+        let flags = match (self.explore, self.slot) {
+            (true, true) => "ec",
+            (true, false) => "e",
+            (false, true) => "c",
+            (false, false) => "-",
+        };
+        // Sized for the common case up front: growing the string while formatting was most of
+        // the cost of a decision.
+        let mut tag = String::with_capacity(64);
+        let _ = write!(
+            tag,
             "rw1:{:08x}-{}:{}:{:e}:{}",
             self.epoch, self.seq, self.primary, self.predicted_cost, flags
-        )
+        );
+        tag
     }
 
     /// `None` for anything this strategy did not produce. A `;hedge=...` suffix (the host's
@@ -369,17 +371,22 @@ impl RouteWise {
             .map(|(_, e)| e)
             .collect();
         backups.sort_by(|a, b| float_order(a.cost, b.cost).then(a.index.cmp(&b.index)));
+        // Per backup, the least time left it meets with the target probability (computed once,
+        // when first needed, rather than a pass over its samples per checkpoint).
+        let mut needs: Vec<Option<Option<f64>>> = vec![None; backups.len()];
         for step in (0..=26).rev() {
             let at_ms = slo_ms * (0.25 + 0.025 * f64::from(step));
             let left = slo_ms - at_ms;
-            let meets = |e: &&Evaluated| {
-                self.latency.get(&e.endpoint_id).is_some_and(|profile| {
-                    profile.len() >= HEDGE_MIN_SAMPLES
-                        && profile.slo_share(left).is_some_and(|p| p >= HEDGE_TARGET)
-                })
-            };
-            if let Some(backup) = backups.iter().copied().find(meets) {
-                return Some((at_ms.round() as u64, backup.index));
+            for (b, backup) in backups.iter().enumerate() {
+                let need = *needs[b].get_or_insert_with(|| {
+                    self.latency
+                        .get(&backup.endpoint_id)
+                        .filter(|profile| profile.len() >= HEDGE_MIN_SAMPLES)
+                        .and_then(|profile| profile.share_quantile(HEDGE_TARGET))
+                });
+                if need.is_some_and(|need| need <= left) {
+                    return Some((at_ms.round() as u64, backup.index));
+                }
             }
         }
         None
@@ -708,7 +715,10 @@ impl Strategy for RouteWise {
             self.window_ms(),
             self.params.latency_max_samples_per_profile as usize,
         );
-        let profile = self.latency.entry(endpoint_id.clone()).or_default();
+        let profile = match self.latency.get_mut(&endpoint_id) {
+            Some(profile) => profile,
+            None => self.latency.entry(endpoint_id.clone()).or_default(),
+        };
         profile.push(now, sample, window, max);
         if !profile.is_empty() {
             self.leases.remove(&endpoint_id);

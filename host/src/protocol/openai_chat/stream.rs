@@ -1,11 +1,13 @@
 //! Chat Completions streams: `data: {chunk}` events ending with `data: [DONE]`.
 
+use std::borrow::Cow;
+
 use bytes::Bytes;
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::response::{finish_str, parse_finish, parse_usage, usage_value};
 use crate::protocol::ir::{StreamEvent, effective_finish};
-use crate::protocol::json::Obj;
 use crate::protocol::{error_body_openai, ids, sse, status_of_error, upstream_error_message};
 
 /// Turns an upstream's Chat Completions chunks into IR events.
@@ -36,35 +38,53 @@ impl StreamDecoder {
             self.done = true;
             return vec![StreamEvent::Done];
         }
-        let v: Value = match serde_json::from_str(data) {
-            Ok(v) => v,
-            Err(e) => return self.fail(502, format!("invalid upstream stream chunk: {e}")),
+        // The common shape is read straight from the text, borrowing its strings; anything the
+        // typed view cannot take (a wrong type somewhere, a duplicate key) goes the lenient way,
+        // through a `Value`, with the same result for every field the view reads.
+        let typed = if data.starts_with('{') {
+            serde_json::from_str::<ChunkView<'_>>(data).ok()
+        } else {
+            None
         };
-        let Ok(chunk) = Obj::body(&v) else {
-            return self.fail(502, "upstream stream chunk is not a JSON object".into());
+        let value;
+        let chunk = match typed {
+            Some(chunk) => chunk,
+            None => {
+                value = match serde_json::from_str::<Value>(data) {
+                    Ok(v) => v,
+                    Err(e) => return self.fail(502, format!("invalid upstream stream chunk: {e}")),
+                };
+                if !value.is_object() {
+                    return self.fail(502, "upstream stream chunk is not a JSON object".into());
+                }
+                ChunkView::lenient(&value)
+            }
         };
-        if let Some(e) = chunk.get("error") {
+        self.apply(chunk)
+    }
+
+    fn apply(&mut self, chunk: ChunkView<'_>) -> Vec<StreamEvent> {
+        if let Some(e) = chunk.error.as_ref().filter(|e| !e.is_null()) {
             return self.fail(status_of_error(e), upstream_error_message(e));
         }
         let mut out = Vec::new();
         if !self.started {
             self.started = true;
             out.push(StreamEvent::Start {
-                id: chunk.str_or_empty("id").to_owned(),
-                model: chunk.str_or_empty("model").to_owned(),
+                id: chunk.id.as_deref().unwrap_or("").to_owned(),
+                model: chunk.model.as_deref().unwrap_or("").to_owned(),
             });
         }
-        let choices = chunk.get("choices").and_then(Value::as_array);
         // Only the first choice is translated (`n > 1` has no equivalent elsewhere).
-        let choice = choices.and_then(|c| {
-            c.iter()
-                .find(|c| c.get("index").and_then(Value::as_u64).unwrap_or(0) == 0)
-        });
+        let choice = chunk
+            .choices
+            .as_ref()
+            .and_then(|c| c.iter().find(|c| c.index.unwrap_or(0) == 0));
         if let Some(choice) = choice {
-            if let Some(delta) = choice.get("delta") {
+            if let Some(delta) = &choice.delta {
                 self.delta(delta, &mut out);
             }
-            if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
+            if let Some(reason) = &choice.finish_reason {
                 self.finished = true;
                 out.push(StreamEvent::Finish {
                     reason: parse_finish(reason),
@@ -74,48 +94,35 @@ impl StreamDecoder {
         }
         // Usage rides on the last chunk (empty `choices`) or on the finishing one; servers that
         // repeat running totals on every chunk are only heard at the end.
-        if let Some(u) = chunk.get("usage").filter(|u| u.is_object())
-            && (choices.is_none_or(|c| c.is_empty()) || self.finished)
+        if let Some(u) = chunk.usage.as_ref().filter(|u| u.is_object())
+            && (chunk.choices.as_ref().is_none_or(|c| c.is_empty()) || self.finished)
         {
             out.push(StreamEvent::Usage(parse_usage(u)));
         }
         out
     }
 
-    fn delta(&mut self, delta: &Value, out: &mut Vec<StreamEvent>) {
-        let text = |k: &str| {
-            delta
-                .get(k)
-                .and_then(Value::as_str)
-                .filter(|s| !s.is_empty())
-        };
-        if let Some(r) = text("reasoning_content").or_else(|| text("reasoning")) {
-            out.push(StreamEvent::ReasoningDelta(r.to_owned()));
+    fn delta(&mut self, delta: &DeltaView<'_>, out: &mut Vec<StreamEvent>) {
+        let text =
+            |t: &Option<Cow<'_, str>>| t.as_deref().filter(|s| !s.is_empty()).map(str::to_owned);
+        if let Some(r) = text(&delta.reasoning_content).or_else(|| text(&delta.reasoning)) {
+            out.push(StreamEvent::ReasoningDelta(r));
         }
-        if let Some(t) = text("content") {
-            out.push(StreamEvent::TextDelta(t.to_owned()));
+        if let Some(t) = text(&delta.content) {
+            out.push(StreamEvent::TextDelta(t));
         }
-        if let Some(t) = text("refusal") {
-            out.push(StreamEvent::TextDelta(t.to_owned()));
+        if let Some(t) = text(&delta.refusal) {
+            out.push(StreamEvent::TextDelta(t));
         }
-        let Some(calls) = delta.get("tool_calls").and_then(Value::as_array) else {
+        let Some(calls) = &delta.tool_calls else {
             return;
         };
         for (pos, call) in calls.iter().enumerate() {
-            let upstream_index = call
-                .get("index")
-                .and_then(Value::as_u64)
-                .unwrap_or(pos as u64);
-            let id = call.get("id").and_then(Value::as_str).unwrap_or("");
-            let function = call.get("function");
-            let name = function
-                .and_then(|f| f.get("name"))
-                .and_then(Value::as_str)
-                .unwrap_or("");
-            let arguments = function
-                .and_then(|f| f.get("arguments"))
-                .and_then(Value::as_str)
-                .unwrap_or("");
+            let upstream_index = call.index.unwrap_or(pos as u64);
+            let id = call.id.as_deref().unwrap_or("");
+            let function = call.function.as_ref();
+            let name = function.and_then(|f| f.name.as_deref()).unwrap_or("");
+            let arguments = function.and_then(|f| f.arguments.as_deref()).unwrap_or("");
             // A new id at a known index is a new call: some servers put every call at index 0.
             let known = self.tools.iter().rposition(|(i, known_id)| {
                 *i == upstream_index && (id.is_empty() || id == known_id)
@@ -166,6 +173,105 @@ impl StreamDecoder {
             502,
             "upstream stream ended before the answer was complete".into(),
         )
+    }
+}
+
+/// What the decoder reads of a chunk. Strings borrow from the event's text unless they hold
+/// escapes; every other field is skipped without being built.
+#[derive(Deserialize)]
+struct ChunkView<'a> {
+    #[serde(borrow)]
+    id: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    model: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    choices: Option<Vec<ChoiceView<'a>>>,
+    usage: Option<Value>,
+    error: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct ChoiceView<'a> {
+    index: Option<u64>,
+    #[serde(borrow)]
+    delta: Option<DeltaView<'a>>,
+    #[serde(borrow)]
+    finish_reason: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize, Default)]
+struct DeltaView<'a> {
+    #[serde(borrow)]
+    content: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    reasoning_content: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    reasoning: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    refusal: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    tool_calls: Option<Vec<ToolCallView<'a>>>,
+}
+
+#[derive(Deserialize)]
+struct ToolCallView<'a> {
+    index: Option<u64>,
+    #[serde(borrow)]
+    id: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    function: Option<FunctionView<'a>>,
+}
+
+#[derive(Deserialize)]
+struct FunctionView<'a> {
+    #[serde(borrow)]
+    name: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    arguments: Option<Cow<'a, str>>,
+}
+
+/// The view of a chunk read as a `Value`, where a field of an unexpected type counts as absent
+/// (and a choice without an integer `index` as the first), as the typed view would have it had
+/// the type been right.
+impl<'a> ChunkView<'a> {
+    fn lenient(v: &'a Value) -> Self {
+        let text = |v: &'a Value, key: &str| v.get(key).and_then(Value::as_str).map(Cow::Borrowed);
+        let present = |v: &'a Value, key: &str| v.get(key).filter(|v| !v.is_null()).cloned();
+        let choices = v.get("choices").and_then(Value::as_array).map(|choices| {
+            choices
+                .iter()
+                .map(|c| ChoiceView {
+                    index: c.get("index").and_then(Value::as_u64),
+                    delta: c.get("delta").map(|d| DeltaView {
+                        content: text(d, "content"),
+                        reasoning_content: text(d, "reasoning_content"),
+                        reasoning: text(d, "reasoning"),
+                        refusal: text(d, "refusal"),
+                        tool_calls: d.get("tool_calls").and_then(Value::as_array).map(|calls| {
+                            calls
+                                .iter()
+                                .map(|call| ToolCallView {
+                                    index: call.get("index").and_then(Value::as_u64),
+                                    id: text(call, "id"),
+                                    function: call.get("function").map(|f| FunctionView {
+                                        name: text(f, "name"),
+                                        arguments: text(f, "arguments"),
+                                    }),
+                                })
+                                .collect()
+                        }),
+                    }),
+                    finish_reason: text(c, "finish_reason"),
+                })
+                .collect()
+        });
+        ChunkView {
+            id: text(v, "id"),
+            model: text(v, "model"),
+            choices,
+            usage: present(v, "usage"),
+            error: present(v, "error"),
+        }
     }
 }
 
@@ -291,5 +397,61 @@ impl StreamEncoder {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The typed view and the lenient one agree on every chunk the typed view can read, so the
+    /// fast path changes nothing but speed.
+    #[test]
+    fn typed_and_lenient_views_decode_alike() {
+        let stream = [
+            r#"{"id":"c1","model":"m\u00e9","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}"#,
+            r#"{"id":"c1","choices":[{"index":0,"delta":{"reasoning_content":"hm","content":"Hi \"there\""}}],"usage":null}"#,
+            r#"{"id":"c1","choices":[{"index":1,"delta":{"content":"second choice"}},{"index":0,"delta":{"refusal":"no"}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"call_a","type":"function","function":{"name":"f","arguments":""}}]}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"a\":1}"}},{"id":"call_b","function":{"name":"g"}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":3,"completion_tokens":4}}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":2}}}"#,
+            r#"{"error":{"message":"overloaded","code":529}}"#,
+        ];
+        let mut typed = StreamDecoder::new();
+        let mut lenient = StreamDecoder::new();
+        for chunk in stream {
+            let view: ChunkView<'_> = serde_json::from_str(chunk).expect("typed view reads it");
+            let value: Value = serde_json::from_str(chunk).expect("valid JSON");
+            assert_eq!(
+                typed.apply(view),
+                lenient.apply(ChunkView::lenient(&value)),
+                "{chunk}"
+            );
+        }
+    }
+
+    /// What the typed view refuses still decodes, through the lenient view.
+    #[test]
+    fn chunks_of_unexpected_shape_fall_back_to_the_lenient_view() {
+        let mut d = StreamDecoder::new();
+        let events = d.decode(
+            "",
+            r#"{"id":7,"choices":[{"index":0,"delta":{"content":["odd"],"reasoning":"r"},"finish_reason":1}]}"#,
+        );
+        assert_eq!(
+            events,
+            vec![
+                StreamEvent::Start {
+                    id: String::new(),
+                    model: String::new()
+                },
+                StreamEvent::ReasoningDelta("r".into()),
+            ]
+        );
+        assert!(matches!(
+            d.decode("", r#"["not","an","object"]"#).as_slice(),
+            [StreamEvent::Error { status: 502, .. }]
+        ));
     }
 }

@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""Instructions the gateway spends per request, by kind of request and strategy (callgrind).
+
+Run: `python3 bench/callgrind.py [--skip-build] [--binary PATH] [--requests N]` (needs valgrind;
+installs it from Debian packages when missing). It starts `switchyard mock-upstream` natively and
+the release gateway under `valgrind --tool=callgrind --instr-atstart=no`, warms each phase up with
+instrumentation off, then counts a fixed number of sequential requests per phase with
+`callgrind_control -i on/off` and dumps each phase separately. Counts are the gateway's user-space
+instructions only; they do not depend on the machine's load, so two binaries compare exactly.
+
+Phases: non-streaming requests with `fixed`, `round_robin`, `routewise`; OpenAI streams (20
+events) with `fixed`; Anthropic client to OpenAI upstream streams with `fixed`. Prints a table of
+instructions per request and the top functions by self cost of each phase (from `callgrind_annotate`),
+and writes bench/results/callgrind.json.
+"""
+
+import http.client
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import run as bench  # noqa: E402  (shares build, config and request bodies with the suite)
+
+ROOT = bench.ROOT
+PORT_MOCK, PORT_GW = 19201, 19203
+
+
+def arg(name, default):
+    if name in sys.argv:
+        return sys.argv[sys.argv.index(name) + 1]
+    return default
+
+
+REQUESTS = int(arg("--requests", "1000"))
+WARMUP = 200
+
+
+def post(conn, path, payload, headers):
+    conn.request("POST", path, body=payload, headers=headers)
+    response = conn.getresponse()
+    data = response.read()
+    if response.status != 200:
+        raise RuntimeError(f"{path}: {response.status} {data[:200]!r}")
+
+
+def drive(n, path, payload, headers):
+    conn = http.client.HTTPConnection("127.0.0.1", PORT_GW, timeout=60)
+    for _ in range(n):
+        post(conn, path, payload, headers)
+    conn.close()
+
+
+def callgrind_control(*args):
+    subprocess.run(["callgrind_control", *args], check=True, capture_output=True)
+
+
+def total_of(path):
+    for line in Path(path).read_text(errors="replace").splitlines():
+        if line.startswith("totals:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no totals in {path}")
+
+
+def top_functions(path, n=25):
+    out = subprocess.run(["callgrind_annotate", "--inclusive=no", "--threshold=99", "--auto=no", path],
+                         capture_output=True, text=True).stdout
+    rows = []
+    for line in out.splitlines():
+        m = re.match(r"\s*([\d,]+)\s+\(\s*([\d.]+)%\)\s+(.*)", line)
+        if m and "PROGRAM TOTALS" not in line:
+            rows.append((int(m.group(1).replace(",", "")), m.group(3).strip()))
+    return rows[:n]
+
+
+def main():
+    if shutil.which("valgrind") is None:
+        bench.sh("apt-get", "install", "-y", "-qq", "valgrind")
+    binary = Path(arg("--binary", "")) if "--binary" in sys.argv else bench.build()
+    work = Path(tempfile.mkdtemp(prefix="switchyard-callgrind-"))
+    env = dict(os.environ, RUST_LOG="warn", ROUTING_AFFINITY_ENABLED="0", SWITCHYARD_DEFAULT_AUTH="disabled",
+               SWITCHYARD_BUILTIN_STRATEGIES=str(bench.target_dir() / "strategies"))
+    bench.PORTS["mock"] = PORT_MOCK
+    bench.PORTS["slow_mock"] = PORT_MOCK
+    # Only the measured models: each wasm instance reserves 4 GiB of address space, and valgrind's
+    # is much smaller than the kernel's.
+    bench.IDLE_MODELS_PER_STRATEGY = 1
+    (work / "gw.yaml").write_text(bench.gateway_config(work))
+    procs = []
+    try:
+        procs.append(subprocess.Popen([binary, "mock-upstream", "--port", str(PORT_MOCK), "--completion-tokens",
+                                       str(bench.COMPLETION_TOKENS)], stdout=subprocess.DEVNULL, env=env))
+        bench.wait_http(f"http://127.0.0.1:{PORT_MOCK}/health")
+        gw = subprocess.Popen(["valgrind", "--tool=callgrind", "--instr-atstart=no",
+                               f"--callgrind-out-file={work}/cg.out.%p", binary, "serve", "--config",
+                               str(work / "gw.yaml"), "--listen", f"127.0.0.1:{PORT_GW}"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        procs.append(gw)
+        # Under valgrind, start-up (compiling and instantiating the strategies) takes minutes.
+        bench.wait_http(f"http://127.0.0.1:{PORT_GW}/health", timeout=1200)
+        json_headers = {"content-type": "application/json"}
+        anthropic_headers = {"content-type": "application/json", "anthropic-version": "2023-06-01"}
+        phases = [
+            ("non-streaming, fixed", "/v1/chat/completions", bench.body("bench-fixed"), json_headers),
+            ("non-streaming, round_robin", "/v1/chat/completions", bench.body("bench-round_robin"), json_headers),
+            ("non-streaming, routewise", "/v1/chat/completions", bench.body("bench-routewise"), json_headers),
+            ("stream, fixed", "/v1/chat/completions", bench.body("bench-fixed", stream=True), json_headers),
+            ("Anthropic client → OpenAI stream, fixed", "/v1/messages",
+             bench.body("bench-fixed", stream=True, dialect="anthropic"), anthropic_headers),
+        ]
+        results = []
+        for i, (name, path, payload, headers) in enumerate(phases):
+            drive(WARMUP, path, payload, headers)
+            callgrind_control("--zero", str(gw.pid))
+            callgrind_control("-i", "on", str(gw.pid))
+            drive(REQUESTS, path, payload, headers)
+            callgrind_control("-i", "off", str(gw.pid))
+            callgrind_control("-d", f"phase{i}", str(gw.pid))
+            time.sleep(1)
+            dumps = sorted(work.glob(f"cg.out.{gw.pid}.*"), key=os.path.getmtime)
+            dump = str(dumps[-1])
+            total = total_of(dump)
+            results.append({"phase": name, "instructions_per_request": total // REQUESTS,
+                            "top": [(c // REQUESTS, f) for c, f in top_functions(dump)]})
+            print(f"{name}: {total // REQUESTS:,} instructions per request", flush=True)
+        out = ROOT / "bench" / "results"
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "callgrind.json").write_text(json.dumps({"requests_per_phase": REQUESTS, "phases": results},
+                                                       indent=2))
+        print()
+        for r in results:
+            print(f"## {r['phase']}: {r['instructions_per_request']:,} per request")
+            for cost, fn in r["top"]:
+                print(f"{cost:>9,}  {fn[:150]}")
+            print()
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+if __name__ == "__main__":
+    main()
