@@ -62,6 +62,9 @@ TARGETS = {
     "cpu_us_per_stream": 100.0,
     "cpu_us_per_translated_stream": 200.0,
     "routewise_vs_fixed": 0.8,
+    # The issue's CPU target is absolute on its machine; it also states it as a multiple of the nginx
+    # hop (60 µs ≤ 3× its ~20 µs), which carries over to a faster or slower machine.
+    "cpu_vs_nginx": 3.0,
     "rss_idle_mib": 60.0,
     "rss_idle_streams_mib": 1024.0,
 }
@@ -366,6 +369,7 @@ def main():
                 print(f"{mode:6} {name:34} c={c:<4} {r['rps']:9.0f} req/s  p50 {r['p50_ms']:.3f} ms  "
                       f"p99 {r['p99_ms']:.3f} ms" + (f"  cpu {r['cpu_us_per_request']:.1f} us/req" if pids else "")
                       + (f"  ERRORS {r['errors']}" if r["errors"] else ""), flush=True)
+        extra["routewise_pairs"] = paired_routewise(gw_url + chat, gw.pid, work)
         rss_after = rss_mib(gw.pid)
 
         ttfb_results = {}
@@ -389,7 +393,7 @@ def main():
         held["rss_per_stream_kib"] = per_stream_mib * 1024
         held["rss_10k_mib"] = (held["rss_mib"] if held["streams"] >= IDLE_STREAMS
                                else rss_before_streams + per_stream_mib * IDLE_STREAMS)
-        extra = {"rss_idle_mib": rss_idle, "rss_after_load_mib": rss_after, "models_loaded": models_loaded,
+        extra = {**extra, "rss_idle_mib": rss_idle, "rss_after_load_mib": rss_after, "models_loaded": models_loaded,
                  "ttfb": ttfb_results, "idle_streams": held, "rss_after_idle_streams_mib": rss_after_streams,
                  "events_per_stream": events, "fd_limit": fd_limit}
     finally:
@@ -417,6 +421,28 @@ def main():
         update_readme(report)
 
 
+def paired_routewise(url, pid, script_dir, rounds=3):
+    """`routewise` against `fixed` at 32 clients, alternating, so both see the same machine: on a
+    shared VM one 10 s point apart can differ by a third either way. The ratio of the medians."""
+    runs = {"fixed": [], "routewise": []}
+    for _ in range(rounds):
+        for name in ("fixed", "routewise"):
+            before = cpu_seconds(pid)
+            r = wrk(url, body(f"bench-{name}"), 32, script_dir)
+            r["cpu_us_per_request"] = (cpu_seconds(pid) - before) * 1e6 / max(r["requests"], 1)
+            runs[name].append(r)
+            print(f"pair   switchyard {name:23} c=32   {r['rps']:9.0f} req/s  "
+                  f"cpu {r['cpu_us_per_request']:.1f} us/req", flush=True)
+
+    def median(name, key):
+        values = sorted(r[key] for r in runs[name])
+        return values[len(values) // 2]
+
+    return {"rounds": rounds, "runs": runs,
+            "rps_ratio": median("routewise", "rps") / median("fixed", "rps"),
+            "cpu_ratio": median("routewise", "cpu_us_per_request") / median("fixed", "cpu_us_per_request")}
+
+
 def pick(results, mode, target, c):
     return next((r for r in results if r["mode"] == mode and r["target"] == target and r["concurrency"] == c), None)
 
@@ -432,7 +458,9 @@ def check_targets(results, extra):
         "rps_vs_nginx_c32": c32["rps"] / pick(results, "json", "nginx", 32)["rps"],
         "cpu_us_per_stream": s32["cpu_us_per_request"],
         "cpu_us_per_translated_stream": t32["cpu_us_per_request"],
-        "routewise_vs_fixed": pick(results, "json", "switchyard routewise", 32)["rps"] / c32["rps"],
+        "routewise_vs_fixed": (extra["routewise_pairs"]["rps_ratio"] if "routewise_pairs" in extra
+                               else pick(results, "json", "switchyard routewise", 32)["rps"] / c32["rps"]),
+        "cpu_vs_nginx": c32["cpu_us_per_request"] / pick(results, "json", "nginx", 32)["cpu_us_per_request"],
         "rss_idle_mib": extra["rss_idle_mib"],
         "rss_idle_streams_mib": extra["idle_streams"]["rss_10k_mib"],
     }
@@ -494,7 +522,10 @@ def render(results, extra):
         "rps_vs_nginx_c32": ("throughput vs nginx, 32 clients", "≥ {t}×", "{v:.2f}×"),
         "cpu_us_per_stream": ("CPU per relayed stream, same protocol", "≤ {t:.0f} µs", "{v:.1f} µs"),
         "cpu_us_per_translated_stream": ("CPU per relayed stream, translated", "≤ {t:.0f} µs", "{v:.1f} µs"),
-        "routewise_vs_fixed": ("routewise vs fixed throughput, 32 clients", "≥ {t}×", "{v:.2f}×"),
+        "routewise_vs_fixed": ("routewise vs fixed throughput, 32 clients (median of 3 alternating pairs)",
+                               "≥ {t}×", "{v:.2f}×"),
+        "cpu_vs_nginx": ("CPU per request, 32 clients, as a multiple of nginx's in this run", "≤ {t:.1f}×",
+                         "{v:.2f}×"),
         "rss_idle_mib": ("RSS idle", "< {t:.0f} MiB", "{v:.1f} MiB"),
         "rss_idle_streams_mib": ("RSS with 10,000 idle streams", "< {t:.0f} MiB", "{v:.1f} MiB"),
     }

@@ -12,7 +12,7 @@ mod stream;
 
 pub use request::{build_request, empty_schema, parse_request, parse_request_value};
 pub use response::{build_response, parse_response};
-pub use stream::{StreamDecoder, StreamEncoder};
+pub use stream::{StreamDecoder, StreamEncoder, is_plain_delta};
 
 /// The error body of OpenAI's API for an HTTP status: `{"error":{"message","type","param","code"}}`.
 pub fn error_body(status: u16, message: &str) -> Value {

@@ -860,6 +860,14 @@ struct StreamRelay {
 impl StreamRelay {
     /// Queues what one upstream event becomes for the client.
     fn relay(&mut self, event: SseEvent) {
+        if self.encoder.is_none()
+            && self.first_token.is_some()
+            && self.decoder.may_skip_after_first_token(&event.data)
+        {
+            let frame = self.verbatim(event);
+            self.pending.push_back(frame);
+            return;
+        }
         let decoded = self.decoder.decode(&event.event, &event.data);
         self.account(&decoded);
         match &mut self.encoder {

@@ -176,6 +176,25 @@ impl StreamDecoder {
     }
 }
 
+/// A chunk that carries only deltas: no finish reason other than the compact `null`, no usage,
+/// no error, not the end marker. Its deltas matter to accounting only until the first token.
+pub fn is_plain_delta(data: &str) -> bool {
+    use memchr::memmem;
+    let data = data.as_bytes();
+    let mentions = |needle: &str| memmem::find(data, needle.as_bytes()).is_some();
+    if mentions("usage") || mentions("error") || mentions("[DONE]") {
+        return false;
+    }
+    match memmem::find(data, b"finish_reason") {
+        None => true,
+        Some(at) => {
+            let rest = &data[at..];
+            rest.starts_with(b"finish_reason\":null")
+                && memmem::find(&rest[1..], b"finish_reason").is_none()
+        }
+    }
+}
+
 /// What the decoder reads of a chunk. Strings borrow from the event's text unless they hold
 /// escapes; every other field is skipped without being built.
 #[derive(Deserialize)]
@@ -429,6 +448,34 @@ mod tests {
                 "{chunk}"
             );
         }
+    }
+
+    #[test]
+    fn only_chunks_without_an_ending_usage_or_error_are_plain_deltas() {
+        assert!(is_plain_delta(
+            r#"{"id":"c","choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}"#
+        ));
+        assert!(is_plain_delta(r#"{"choices":[{"delta":{"content":"x"}}]}"#));
+        for data in [
+            r#"{"choices":[{"delta":{},"finish_reason":"stop"}]}"#,
+            r#"{"choices":[{"delta":{},"finish_reason": null}]}"#,
+            r#"{"choices":[{"finish_reason":null},{"finish_reason":"length"}]}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":1}}"#,
+            r#"{"choices":[{"delta":{"content":"x"}}],"usage":null}"#,
+            r#"{"error":{"message":"boom"}}"#,
+            "[DONE]",
+        ] {
+            assert!(!is_plain_delta(data), "{data}");
+        }
+        // What a plain delta decodes to after the first token is text only: skipping it loses
+        // nothing the relay accounts.
+        let mut d = StreamDecoder::new();
+        d.decode("", r#"{"choices":[{"delta":{"content":"a"}}]}"#);
+        let events = d.decode(
+            "",
+            r#"{"id":"c","choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}"#,
+        );
+        assert_eq!(events, vec![StreamEvent::TextDelta("hi".into())]);
     }
 
     /// What the typed view refuses still decodes, through the lenient view.
