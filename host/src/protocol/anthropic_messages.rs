@@ -8,7 +8,7 @@ mod stream;
 
 pub use request::{DEFAULT_MAX_TOKENS, build_request, parse_request, parse_request_value};
 pub use response::{build_response, parse_response};
-pub use stream::{StreamDecoder, StreamEncoder};
+pub use stream::{StreamDecoder, StreamEncoder, is_plain_delta};
 
 /// Anthropic's error body for an HTTP status: `{"type":"error","error":{"type","message"}}`.
 pub fn error_body(status: u16, message: &str) -> Value {

@@ -215,16 +215,17 @@ impl Decoder {
         }
     }
 
-    /// Whether a pass-through relay that has already seen the first token may forward `data`
-    /// without decoding it: true only for an event that cannot end the answer or carry usage or
-    /// an error — for Chat, a chunk that names no finish reason, usage or error (a
-    /// `"finish_reason":null` does not count). Decoding every content delta of a stream only to
-    /// drop its text was the largest cost of relaying one. Conservative: any other spelling is
-    /// decoded, and other dialects always are.
-    pub fn may_skip_after_first_token(&self, data: &str) -> bool {
+    /// Whether a pass-through relay that has already seen the first token may forward an event
+    /// without decoding it: true only for one that cannot end the answer or carry usage or an
+    /// error — for Chat, a chunk that names no finish reason, usage or error (a
+    /// `"finish_reason":null` does not count); for Anthropic, a `content_block_delta`. Decoding
+    /// every content delta of a stream only to drop its text was the largest cost of relaying
+    /// one. Conservative: any other spelling is decoded, and Responses events always are.
+    pub fn may_skip_after_first_token(&self, event: &str, data: &str) -> bool {
         match self {
             Decoder::Chat(_) => openai_chat::is_plain_delta(data),
-            Decoder::Responses(_) | Decoder::Anthropic(_) => false,
+            Decoder::Anthropic(_) => anthropic_messages::is_plain_delta(event, data),
+            Decoder::Responses(_) => false,
         }
     }
 

@@ -862,7 +862,9 @@ impl StreamRelay {
     fn relay(&mut self, event: SseEvent) {
         if self.encoder.is_none()
             && self.first_token.is_some()
-            && self.decoder.may_skip_after_first_token(&event.data)
+            && self
+                .decoder
+                .may_skip_after_first_token(&event.event, &event.data)
         {
             let frame = self.verbatim(event);
             self.pending.push_back(frame);

@@ -445,3 +445,47 @@ impl StreamEncoder {
         out
     }
 }
+
+/// A `content_block_delta` event: text, thinking or tool-argument deltas, never usage, a stop
+/// reason or an error (those ride on `message_delta`, `message_stop` and `error`). Its deltas
+/// matter to a pass-through relay's accounting only until the first token.
+pub fn is_plain_delta(event: &str, data: &str) -> bool {
+    event == "content_block_delta"
+        && data.contains(r#""type":"content_block_delta""#)
+        && !data.contains("error")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_content_block_deltas_are_plain() {
+        let delta =
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"hi"}}"#;
+        assert!(is_plain_delta("content_block_delta", delta));
+        // The event name alone is not enough, nor a delta that mentions an error.
+        assert!(!is_plain_delta(
+            "content_block_delta",
+            r#"{"type":"message_delta","usage":{}}"#
+        ));
+        assert!(!is_plain_delta(
+            "content_block_delta",
+            r#"{"type":"content_block_delta","error":{"message":"x"}}"#
+        ));
+        for (event, data) in [
+            (
+                "message_delta",
+                r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":3}}"#,
+            ),
+            ("message_stop", r#"{"type":"message_stop"}"#),
+            (
+                "error",
+                r#"{"type":"error","error":{"type":"overloaded_error","message":"busy"}}"#,
+            ),
+            ("", delta),
+        ] {
+            assert!(!is_plain_delta(event, data), "{event}");
+        }
+    }
+}
