@@ -9,7 +9,9 @@ instrumentation off, then counts a fixed number of sequential requests per phase
 instructions only; they do not depend on the machine's load, so two binaries compare exactly.
 
 Phases: non-streaming requests with `fixed`, `round_robin`, `routewise`; OpenAI streams (20
-events) with `fixed`; Anthropic client to OpenAI upstream streams with `fixed`. Prints a table of
+events) with `fixed`; Anthropic client to OpenAI upstream streams with `fixed`; Anthropic client
+to Anthropic upstream streams. `--phases stream,Anthropic` keeps the phases whose names contain
+one of the words. Prints a table of
 instructions per request and the top functions by self cost of each phase (from `callgrind_annotate`),
 and writes bench/results/callgrind.json.
 """
@@ -114,7 +116,13 @@ def main():
             ("stream, fixed", "/v1/chat/completions", bench.body("bench-fixed", stream=True), json_headers),
             ("Anthropic client → OpenAI stream, fixed", "/v1/messages",
              bench.body("bench-fixed", stream=True, dialect="anthropic"), anthropic_headers),
+            ("Anthropic stream, fixed", "/v1/messages",
+             bench.body("bench-anthropic", stream=True, dialect="anthropic"), anthropic_headers),
         ]
+        # `--phases a,b`: only the phases whose names contain one of these words.
+        wanted = [w.strip() for w in arg("--phases", "").split(",") if w.strip()]
+        if wanted:
+            phases = [p for p in phases if any(w in p[0] for w in wanted)]
         results = []
         for i, (name, path, payload, headers) in enumerate(phases):
             drive(WARMUP, path, payload, headers)

@@ -279,6 +279,9 @@ def gateway_config(work, db="bench.db"):
         models += (f"  - id: bench-{name}\n    router: {name}\n    route:\n      - kind: openai_compat\n"
                    f"        base_url: {upstream}\n        provider_model_id: sim\n"
                    + ("        pricing: { prompt: 0.1, completion: 0.4 }\n" if name == "routewise" else ""))
+    # An Anthropic upstream, for Anthropic clients without translation (bench/callgrind.py).
+    models += (f"  - id: bench-anthropic\n    router: fixed\n    route:\n      - kind: anthropic\n"
+               f"        base_url: http://127.0.0.1:{PORTS['mock']}\n        provider_model_id: sim\n")
     # The idle streams come from a second mock that trickles its tokens.
     models += (f"  - id: bench-slow\n    router: fixed\n    route:\n      - kind: openai_compat\n"
                f"        base_url: http://127.0.0.1:{PORTS['slow_mock']}/v1\n        provider_model_id: sim\n")
@@ -339,7 +342,7 @@ def main():
         wait_http(gw_url + "/health")
         time.sleep(1)
         rss_idle = rss_mib(gw.pid)
-        models_loaded = len(STRATEGIES) * IDLE_MODELS_PER_STRATEGY + 1
+        models_loaded = len(STRATEGIES) * IDLE_MODELS_PER_STRATEGY + 2  # + bench-slow, bench-anthropic
 
         chat, messages = "/v1/chat/completions", "/v1/messages"
         targets = [
