@@ -284,16 +284,15 @@ struct PassThroughBody<'a> {
 impl serde::Serialize for PassThroughBody<'_> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
+        // Absent, or not an object (not usable as the client sent it): options of our own.
+        let no_options = serde_json::Map::new();
         let mut map = serializer.serialize_map(None)?;
         for (key, value) in self.body {
-            match (key.as_str(), value) {
-                ("model", _) => map.serialize_entry(key, self.model)?,
-                ("stream_options", serde_json::Value::Object(options)) if self.include_usage => {
+            match key.as_str() {
+                "model" => map.serialize_entry(key, self.model)?,
+                "stream_options" if self.include_usage => {
+                    let options = value.as_object().unwrap_or(&no_options);
                     map.serialize_entry(key, &WithIncludeUsage(options))?;
-                }
-                // Not an object: the client's value was not usable, and an object replaces it.
-                ("stream_options", _) if self.include_usage => {
-                    map.serialize_entry(key, &WithIncludeUsage(&serde_json::Map::new()))?;
                 }
                 _ => map.serialize_entry(key, value)?,
             }
@@ -302,7 +301,7 @@ impl serde::Serialize for PassThroughBody<'_> {
             map.serialize_entry("model", self.model)?;
         }
         if self.include_usage && !self.body.contains_key("stream_options") {
-            map.serialize_entry("stream_options", &WithIncludeUsage(&serde_json::Map::new()))?;
+            map.serialize_entry("stream_options", &WithIncludeUsage(&no_options))?;
         }
         map.end()
     }
