@@ -106,7 +106,7 @@ pub struct RoutingConfig {
     pub affinity: crate::routing::affinity::AffinityConfig,
     pub prefill: crate::routing::prefill::PrefillConfig,
     pub database_models: DatabaseModelsConfig,
-    pub key_pools: crate::upstream::key_pool::KeyPoolConfig,
+    pub key_pools: crate::routing::key_pools::KeyPoolConfig,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -624,13 +624,13 @@ fn key_pool_config(
     path: &Path,
     raw: &raw::RawKeyPools,
     env: &dyn Fn(&str) -> Option<String>,
-) -> Result<crate::upstream::key_pool::KeyPoolConfig, ConfigError> {
-    let d = crate::upstream::key_pool::KeyPoolConfig::default();
+) -> Result<crate::routing::key_pools::KeyPoolConfig, ConfigError> {
+    let d = crate::routing::key_pools::KeyPoolConfig::default();
     let seconds = |var: &str, file: Option<f64>, default: Duration| {
         pick(path, env, var, file, default.as_secs_f64())
             .map(|s| Duration::from_secs_f64(s.max(0.0)))
     };
-    Ok(crate::upstream::key_pool::KeyPoolConfig {
+    Ok(crate::routing::key_pools::KeyPoolConfig {
         affinity_enabled: pick(
             path,
             env,

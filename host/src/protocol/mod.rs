@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 
 pub mod anthropic_messages;
 pub mod ids;
+pub mod inbound;
 pub mod ir;
 pub mod json;
 pub mod openai_chat;

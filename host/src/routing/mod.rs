@@ -5,6 +5,7 @@ pub mod affinity;
 pub mod db_models;
 pub mod dispatch;
 pub mod health;
+pub mod key_pools;
 pub mod policy;
 pub mod prefill;
 pub mod quota;
@@ -33,7 +34,7 @@ pub struct RoutingContext {
     /// Quota snapshots and the local request counter (`quota`).
     pub quota: Arc<quota::QuotaBoard>,
     /// Upstream key reservations, quieting and key affinity.
-    pub keys: Arc<crate::upstream::key_pool::KeyPools>,
+    pub keys: Arc<crate::routing::key_pools::KeyPools>,
     /// Host-side RouteWise state: run-time settings (`routewise`).
     pub routewise: Arc<routewise::RouteWiseHost>,
 }
@@ -45,7 +46,7 @@ impl RoutingContext {
             prefill: Arc::new(prefill::PrefillTracker::new(config.routing.prefill)),
             affinity: Arc::new(affinity::AffinityTable::new(config.routing.affinity)),
             quota: Arc::new(quota::QuotaBoard::new()),
-            keys: Arc::new(crate::upstream::key_pool::KeyPools::new(
+            keys: Arc::new(crate::routing::key_pools::KeyPools::new(
                 config.routing.key_pools,
             )),
             routewise: Arc::new(routewise::RouteWiseHost::new()),

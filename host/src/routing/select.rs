@@ -11,7 +11,7 @@ use super::RoutingContext;
 use super::health::{CircuitState, HealthRegistry, Outcome};
 use super::policy::zero_reason;
 use super::table::ModelEntry;
-use crate::upstream::key_pool::{KeyPools, PoolTally, order_within_pools};
+use crate::routing::key_pools::{KeyPools, PoolTally, order_within_pools};
 
 /// What the pipeline knows about a request before choosing, reduced to what routing needs.
 #[derive(Debug, Clone, Default)]

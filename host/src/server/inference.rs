@@ -12,8 +12,9 @@ use axum::response::{IntoResponse, Response};
 
 use crate::config::Capability;
 use crate::gateway::Gateway;
+use crate::protocol::inbound::Inbound;
 use crate::protocol::{self, Dialect};
-use crate::routing::dispatch::{self, Answer, Inbound};
+use crate::routing::dispatch::{self, Answer};
 use crate::routing::select::{self, RequestFacts};
 use crate::routing::table::ModelEntry;
 use crate::store::api_log::ApiLogRow;

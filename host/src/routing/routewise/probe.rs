@@ -20,11 +20,14 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::config::{ModelConfig, RouteConfig};
-use crate::protocol::ir::{self, StreamEvent};
+use crate::protocol::inbound::Inbound;
+use crate::protocol::ir;
 use crate::routing::quota::QuotaBoard;
 use crate::routing::table::RouteTable;
 use crate::strategy::{ModelRouter, Observation};
-use crate::upstream::{AttemptError, UpstreamClient};
+use crate::upstream::{
+    Attempt, AttemptEnd, AttemptError, AttemptSink, ChatAnswer, UpstreamClient, upstream_dialect,
+};
 
 /// The longest a probe may take, from sending to the end of the stream.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -115,9 +118,10 @@ pub fn pick<'a>(
         .map(|(r, _)| r)
 }
 
-/// Streams a one-token `ping` to `route` and turns the outcome into an observation.
+/// Streams a one-token `ping` to `route` through the same [`Attempt`] live traffic uses, and turns
+/// the outcome into an observation.
 pub async fn probe(client: &UpstreamClient, route: &RouteConfig) -> (Observation, ProbeRecord) {
-    let dialect = crate::routing::dispatch::upstream_dialect(route.kind);
+    let dialect = upstream_dialect(route.kind);
     let mut request = ir::Request::new(
         route.provider_model_id.clone(),
         dialect,
@@ -126,54 +130,38 @@ pub async fn probe(client: &UpstreamClient, route: &RouteConfig) -> (Observation
     request.stream = true;
     request.max_output_tokens = Some(1);
     let prompt_estimate = request.prompt_token_estimate();
-    let body = dialect.build_request(&request, &route.provider_model_id);
-    let (url, auth) = crate::routing::dispatch::endpoint(route, dialect, None);
+    let body = serde_json::from_slice(&dialect.build_request(&request, &route.provider_model_id))
+        .unwrap_or_default();
+    let inbound = Inbound {
+        dialect,
+        request,
+        body,
+        prompt_tokens: prompt_estimate,
+    };
     let started = Instant::now();
-    let mut first_token: Option<f64> = None;
-    let mut usage = ir::Usage::default();
-    let outcome = tokio::time::timeout(PROBE_TIMEOUT, async {
-        let response = client.post_json(&url, auth, body).await?;
-        let mut decoder = dialect.decoder();
-        let mut chunks = response.bytes_stream();
-        let mut reader = crate::protocol::sse::EventReader::new();
-        let mut events = std::collections::VecDeque::new();
-        let mut complete = false;
-        let mut note = |decoded: Vec<StreamEvent>| -> Result<(), AttemptError> {
-            for event in decoded {
-                match event {
-                    StreamEvent::TextDelta(_)
-                    | StreamEvent::ReasoningDelta(_)
-                    | StreamEvent::ToolCallStart { .. }
-                    | StreamEvent::ToolCallDelta { .. } => {
-                        first_token.get_or_insert(started.elapsed().as_secs_f64() * 1000.0);
-                    }
-                    StreamEvent::Usage(u) => usage = u,
-                    StreamEvent::Finish { .. } | StreamEvent::Done => complete = true,
-                    StreamEvent::Error { message, .. } => {
-                        return Err(AttemptError::InvalidResponse(message));
-                    }
-                    _ => {}
-                }
-            }
-            Ok(())
-        };
-        while let Some(chunk) = chunks.next().await {
-            let chunk = chunk.map_err(|e| AttemptError::Transport(e.to_string()))?;
-            reader.feed(&chunk, &mut events);
-            for event in events.drain(..) {
-                note(decoder.decode(&event.event, &event.data))?;
-            }
+    let ended = Arc::new(parking_lot::Mutex::new(None));
+    let sink = ProbeSink(ended.clone());
+    let relayed = tokio::time::timeout(PROBE_TIMEOUT, async {
+        if let ChatAnswer::Stream { mut events, .. } = Attempt::new(client, route, None)
+            .chat(&inbound, sink)
+            .await?
+        {
+            while events.next().await.is_some() {}
         }
-        note(decoder.finish())?;
-        if complete || first_token.is_some() {
-            Ok(())
-        } else {
-            Err(AttemptError::EmptyStream("no answer".into()))
-        }
+        Ok::<(), AttemptError>(())
     })
-    .await
-    .unwrap_or(Err(AttemptError::Timeout(PROBE_TIMEOUT)));
-    let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
+    .await;
+    let end = ended.lock().take();
+    let (outcome, first_token, latency_ms, usage) = match (relayed, end) {
+        (Ok(_), Some(end)) => (end.outcome, end.ttft_ms, end.latency_ms, end.usage),
+        // Cut off by the deadline: the relay was dropped before it ended.
+        _ => (
+            Err(AttemptError::Timeout(PROBE_TIMEOUT)),
+            None,
+            started.elapsed().as_secs_f64() * 1000.0,
+            ir::Usage::default(),
+        ),
+    };
     let now_ms = crate::routing::unix_ms();
     let (success, status, error) = match outcome {
         Ok(()) => (true, 200, None),
@@ -205,6 +193,30 @@ pub async fn probe(client: &UpstreamClient, route: &RouteConfig) -> (Observation
         error,
     };
     (observation, record)
+}
+
+/// How a probe ended, as its attempt reported it.
+struct ProbeEnd {
+    outcome: Result<(), AttemptError>,
+    ttft_ms: Option<f64>,
+    latency_ms: f64,
+    usage: ir::Usage,
+}
+
+/// A probe books nothing but its own outcome: it bypasses health, affinity and prefill.
+struct ProbeSink(Arc<parking_lot::Mutex<Option<ProbeEnd>>>);
+
+impl AttemptSink for ProbeSink {
+    fn first_token(&mut self) {}
+
+    fn end(&mut self, end: AttemptEnd<'_>) {
+        *self.0.lock() = Some(ProbeEnd {
+            outcome: end.outcome.map_err(Clone::clone),
+            ttft_ms: end.ttft_ms,
+            latency_ms: end.latency_ms,
+            usage: end.usage,
+        });
+    }
 }
 
 /// Starts the prober. `table` gives the current route table, or `None` once the gateway is gone

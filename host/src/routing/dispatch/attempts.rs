@@ -1,0 +1,243 @@
+//! The attempt loop: the plan's upstreams in order, each admitted by its breaker again, until one
+//! answers or `max_attempts` run out. Chat and embeddings share it; they differ only in the
+//! [`Call`] that sends one attempt.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::config::RouteConfig;
+use crate::protocol::inbound::Inbound;
+use crate::upstream::{Attempt, AttemptError, ChatAnswer, UpstreamClient};
+
+use super::super::RoutingContext;
+use super::super::health::Ticket;
+use super::super::select::{Exclusion, Plan};
+use super::super::table::ModelEntry;
+use super::hedge::{self, Hedge};
+use super::ledger::{AttemptLedger, RequestLedger};
+use super::{Answer, Attribution, DispatchError, FailedAttempt};
+
+/// What one kind of request sends in one attempt.
+pub(super) trait Call {
+    type Answer;
+    async fn send(
+        &self,
+        attempt: Attempt<'_>,
+        ledger: AttemptLedger,
+    ) -> Result<Self::Answer, AttemptError>;
+}
+
+struct ChatCall<'a>(&'a Inbound);
+
+impl Call for ChatCall<'_> {
+    type Answer = ChatAnswer;
+    async fn send(
+        &self,
+        attempt: Attempt<'_>,
+        ledger: AttemptLedger,
+    ) -> Result<ChatAnswer, AttemptError> {
+        attempt.chat(self.0, ledger).await
+    }
+}
+
+struct EmbeddingsCall<'a> {
+    body: &'a serde_json::Map<String, serde_json::Value>,
+    public_model: &'a str,
+}
+
+impl Call for EmbeddingsCall<'_> {
+    type Answer = bytes::Bytes;
+    async fn send(
+        &self,
+        attempt: Attempt<'_>,
+        ledger: AttemptLedger,
+    ) -> Result<bytes::Bytes, AttemptError> {
+        attempt
+            .embeddings(self.body, self.public_model, ledger)
+            .await
+    }
+}
+
+/// Tries the plan's upstreams in order for a chat request in any dialect, hedging when the
+/// strategy asked for it.
+pub async fn chat(
+    client: &UpstreamClient,
+    ctx: &RoutingContext,
+    caller: Option<Arc<str>>,
+    model: &Arc<ModelEntry>,
+    inbound: &Inbound,
+    plan: Plan,
+) -> Result<Answer, DispatchError> {
+    let dispatch = Dispatch {
+        client,
+        call: ChatCall(inbound),
+        ledger: RequestLedger {
+            ctx,
+            model,
+            caller: caller.as_ref(),
+            plan: &plan,
+            prompt_tokens: inbound.prompt_tokens,
+            chat: true,
+        },
+    };
+    let hedge = hedge::planned(&plan, model.routes());
+    let (answer, attribution) = dispatch.run(hedge).await?;
+    Ok(match answer {
+        ChatAnswer::Complete { body, usage } => Answer::Complete {
+            body,
+            attribution,
+            prompt_tokens: usage.input_tokens,
+            completion_tokens: usage.output_tokens,
+        },
+        ChatAnswer::Stream { events, summary } => Answer::Stream {
+            events,
+            attribution,
+            summary,
+        },
+    })
+}
+
+/// Tries the plan's upstreams for an embeddings request (OpenAI-compatible upstreams, no
+/// streaming, no translation, no hedging).
+pub async fn embeddings(
+    client: &UpstreamClient,
+    ctx: &RoutingContext,
+    model: &Arc<ModelEntry>,
+    body: &serde_json::Map<String, serde_json::Value>,
+    plan: Plan,
+) -> Result<(bytes::Bytes, Attribution), DispatchError> {
+    let public_model = body
+        .get("model")
+        .and_then(|m| m.as_str())
+        .unwrap_or_default();
+    let dispatch = Dispatch {
+        client,
+        call: EmbeddingsCall { body, public_model },
+        ledger: RequestLedger {
+            ctx,
+            model,
+            caller: None,
+            plan: &plan,
+            prompt_tokens: 0,
+            chat: false,
+        },
+    };
+    dispatch.run(None).await
+}
+
+/// One request's dispatch: the call it makes and the ledger that books it.
+pub(super) struct Dispatch<'a, C> {
+    client: &'a UpstreamClient,
+    call: C,
+    pub(super) ledger: RequestLedger<'a>,
+}
+
+/// How one step of the loop ended: the attempt that decided it and what failed on the way.
+pub(super) struct Step<T> {
+    pub position: usize,
+    pub result: Result<T, AttemptError>,
+    /// Failures of other attempts (a hedge's first failure).
+    pub failures: Vec<FailedAttempt>,
+    /// The backup a hedge sent: it is not tried again.
+    pub hedged: Option<usize>,
+}
+
+impl<C: Call> Dispatch<'_, C> {
+    /// Sends one attempt to the upstream at `position`, booked by a ledger of its own.
+    pub(super) async fn attempt(
+        &self,
+        position: usize,
+        ticket: Ticket,
+    ) -> Result<C::Answer, AttemptError> {
+        let upstream = &self.ledger.model.routes()[position];
+        let ledger = self.ledger.open(position, upstream, ticket);
+        let credential = self.ledger.plan.credential.as_deref();
+        let attempt = Attempt::new(self.client, upstream, credential);
+        self.call.send(attempt, ledger).await
+    }
+
+    /// Every step consults the breaker, so a circuit that opened since selection is skipped here
+    /// too (and recorded as excluded); a pinned request goes where the operator said.
+    pub(super) fn admit(
+        &self,
+        upstream: &RouteConfig,
+        excluded: &mut Vec<Exclusion>,
+    ) -> Option<Ticket> {
+        if self.ledger.plan.pinned {
+            return Some(Ticket::Normal);
+        }
+        let ticket = self
+            .ledger
+            .ctx
+            .health
+            .claim(&upstream.endpoint_id, Instant::now());
+        if ticket.is_none() {
+            excluded.push(Exclusion {
+                endpoint_id: upstream.endpoint_id.clone(),
+                reason: "circuit open".into(),
+            });
+        }
+        ticket
+    }
+
+    async fn run(
+        &self,
+        mut hedge: Option<Hedge>,
+    ) -> Result<(C::Answer, Attribution), DispatchError> {
+        let plan = self.ledger.plan;
+        let routes = self.ledger.model.routes();
+        let mut failed: Vec<FailedAttempt> = Vec::new();
+        let mut excluded = plan.excluded.clone();
+        let mut sent_backup: Option<usize> = None;
+        for (n, &position) in plan.order.iter().enumerate() {
+            if failed.len() >= plan.max_attempts {
+                not_tried(&mut excluded, routes, &plan.order[n..], plan.max_attempts);
+                break;
+            }
+            let Some(upstream) = routes.get(position) else {
+                continue;
+            };
+            if sent_backup == Some(position) {
+                continue;
+            }
+            let Some(ticket) = self.admit(upstream, &mut excluded) else {
+                continue;
+            };
+            let step = match hedge.take() {
+                Some(h) => self.hedged(position, ticket, h, &mut excluded).await,
+                None => Step {
+                    position,
+                    result: self.attempt(position, ticket).await,
+                    failures: Vec::new(),
+                    hedged: None,
+                },
+            };
+            failed.extend(step.failures);
+            sent_backup = step.hedged;
+            let upstream = &routes[step.position];
+            match step.result {
+                Ok(answer) => {
+                    self.ledger.served(upstream);
+                    return Ok((answer, Attribution::new(upstream, failed)));
+                }
+                Err(e) => failed.push(FailedAttempt::new(upstream, &e)),
+            }
+        }
+        Err(DispatchError {
+            attempts: failed,
+            excluded,
+        })
+    }
+}
+
+/// Records the upstreams left untried because the inbound route's `max_attempts` ran out.
+fn not_tried(excluded: &mut Vec<Exclusion>, routes: &[RouteConfig], rest: &[usize], max: usize) {
+    for &p in rest {
+        if let Some(upstream) = routes.get(p) {
+            excluded.push(Exclusion {
+                endpoint_id: upstream.endpoint_id.clone(),
+                reason: format!("not tried: max_attempts ({max}) reached"),
+            });
+        }
+    }
+}

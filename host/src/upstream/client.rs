@@ -1,0 +1,160 @@
+//! The pooled HTTP client every attempt sends through, with its timeouts.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use parking_lot::RwLock;
+
+use crate::config::UpstreamConfig;
+
+use super::AttemptError;
+
+/// Bytes of an upstream error body kept for the attempt record.
+const ERROR_BODY_LIMIT: usize = 2048;
+
+/// How an upstream expects its credential.
+#[derive(Debug, Clone, Copy)]
+pub enum UpstreamAuth<'a> {
+    /// `Authorization: Bearer <key>` (OpenAI and compatible servers).
+    Bearer(Option<&'a str>),
+    /// `x-api-key: <key>` plus `anthropic-version`.
+    Anthropic(Option<&'a str>),
+}
+
+/// The Anthropic API version the gateway speaks.
+const ANTHROPIC_VERSION: &str = "2023-06-01";
+
+/// Parsed upstream URLs kept before the cache is cleared (routes change rarely; this only bounds it).
+const URL_CACHE_LIMIT: usize = 1024;
+
+/// The shared upstream HTTP client (connection pool per upstream host).
+#[derive(Clone)]
+pub struct UpstreamClient {
+    http: reqwest::Client,
+    first_byte_timeout: Duration,
+    request_timeout: Duration,
+    /// Upstream URLs already parsed: a route's URL is the same string on every call, and parsing
+    /// it showed in profiles under load.
+    urls: Arc<RwLock<HashMap<String, reqwest::Url>>>,
+}
+
+impl UpstreamClient {
+    pub fn new(config: &UpstreamConfig) -> Result<Self, reqwest::Error> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(config.connect_timeout)
+            .pool_idle_timeout(Duration::from_secs(90))
+            .tcp_nodelay(true)
+            .build()?;
+        Ok(Self {
+            http,
+            first_byte_timeout: config.first_byte_timeout,
+            request_timeout: config.request_timeout,
+            urls: Arc::default(),
+        })
+    }
+
+    /// `url` parsed, from the cache when it was seen before. `None` when it does not parse; the
+    /// caller then hands reqwest the string, which reports the error as before.
+    fn parsed(&self, url: &str) -> Option<reqwest::Url> {
+        if let Some(parsed) = self.urls.read().get(url) {
+            return Some(parsed.clone());
+        }
+        let parsed = reqwest::Url::parse(url).ok()?;
+        let mut urls = self.urls.write();
+        if urls.len() >= URL_CACHE_LIMIT {
+            urls.clear();
+        }
+        urls.insert(url.to_owned(), parsed.clone());
+        Some(parsed)
+    }
+
+    /// POSTs a JSON body and waits for the response headers. A non-2xx answer is an error carrying
+    /// the start of its body.
+    pub async fn post_json(
+        &self,
+        url: &str,
+        auth: UpstreamAuth<'_>,
+        body: Vec<u8>,
+    ) -> Result<reqwest::Response, AttemptError> {
+        let request = match self.parsed(url) {
+            Some(parsed) => self.http.post(parsed),
+            None => self.http.post(url),
+        };
+        let mut request = request
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body);
+        match auth {
+            UpstreamAuth::Bearer(Some(key)) => request = request.bearer_auth(key),
+            UpstreamAuth::Anthropic(key) => {
+                request = request.header("anthropic-version", ANTHROPIC_VERSION);
+                if let Some(key) = key {
+                    request = request.header("x-api-key", key);
+                }
+            }
+            UpstreamAuth::Bearer(None) => {}
+        }
+        let response = tokio::time::timeout(self.first_byte_timeout, request.send())
+            .await
+            .map_err(|_| AttemptError::Timeout(self.first_byte_timeout))?
+            .map_err(|e| AttemptError::Transport(describe(&e)))?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(response);
+        }
+        let retry_after = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_retry_after);
+        let body = tokio::time::timeout(Duration::from_secs(5), response.bytes())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or_default();
+        Err(AttemptError::Status {
+            status: status.as_u16(),
+            body: truncate(&body),
+            retry_after,
+        })
+    }
+
+    /// Reads a whole (non-streaming) body within the request timeout.
+    pub async fn read_body(&self, response: reqwest::Response) -> Result<Bytes, AttemptError> {
+        tokio::time::timeout(self.request_timeout, response.bytes())
+            .await
+            .map_err(|_| AttemptError::Timeout(self.request_timeout))?
+            .map_err(|e| AttemptError::Transport(describe(&e)))
+    }
+}
+
+/// `Retry-After` as delay-seconds or an HTTP date (RFC 9110 §10.2.3); a date in the past is 0.
+pub fn parse_retry_after(value: &str) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(
+        at.duration_since(std::time::SystemTime::now())
+            .unwrap_or_default(),
+    )
+}
+
+/// reqwest's Display hides the cause ("error sending request"); the chain says what happened.
+fn describe(e: &reqwest::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+fn truncate(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(&body[..body.len().min(ERROR_BODY_LIMIT)]);
+    text.trim().to_owned()
+}
