@@ -13,7 +13,7 @@ use crate::store::Snapshot;
 use crate::store::model::Role;
 
 use super::caller::presented_key;
-use super::routes::{InboundRoute, RouteAuth};
+use crate::inbound_routes::{InboundRoute, RouteAuth};
 
 /// Who passed authentication, as far as routing cares.
 #[derive(Debug, Clone, Default)]

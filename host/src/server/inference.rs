@@ -19,8 +19,8 @@ use crate::routing::table::ModelEntry;
 use crate::store::api_log::ApiLogRow;
 
 use super::auth::{self, Principal};
-use super::routes::{Endpoint, RouteMatch};
 use super::{GatewayError, admin, attributed_row, caller, clamp_i32, log_request};
+use crate::inbound_routes::{Endpoint, RouteMatch};
 
 /// What authentication and the inbound route decided for one request.
 struct Admission {

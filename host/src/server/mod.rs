@@ -5,7 +5,6 @@ pub mod auth;
 pub mod caller;
 pub mod error;
 mod inference;
-pub mod routes;
 
 use std::sync::Arc;
 use std::time::Instant;
