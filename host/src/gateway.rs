@@ -13,8 +13,8 @@ use crate::routing::RoutingContext;
 use crate::routing::policy::Overrides;
 
 use crate::config::Config;
+use crate::inbound_routes::RouteSet;
 use crate::routing::table::{RouteTable, RouteTableError};
-use crate::server::routes::RouteSet;
 use crate::store::api_log::ApiLog;
 use crate::store::{Snapshot, Store};
 use crate::strategy::{StrategyCatalog, StrategyEngine, StrategyError, StrategyLimits};

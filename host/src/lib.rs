@@ -1,14 +1,16 @@
 //! Switchyard: an LLM inference gateway whose routing strategies are WebAssembly components.
 //!
-//! The modules follow a request's path: [`server`] (HTTP edge) → [`protocol`] (parsing) →
-//! [`routing`] (route table, selection, dispatch with fallback) → [`strategy`] (the wasm host that
-//! orders routes) → [`upstream`] (talking to providers); [`store`] keeps logs and state;
-//! [`config`] loads the YAML; [`mock`] is the simulated upstream used by demos, tests and benchmarks.
+//! The modules follow a request's path: [`server`] (HTTP edge; finds the request's inbound route in
+//! [`inbound_routes`]) → [`protocol`] (parsing) → [`routing`] (route table, selection, dispatch with
+//! fallback) → [`strategy`] (the wasm host that orders routes) → [`upstream`] (talking to
+//! providers); [`store`] keeps logs and state; [`config`] loads the YAML; [`admin`] is the operator's
+//! API; [`mock`] is the simulated upstream used by demos, tests and benchmarks.
 #![forbid(unsafe_code)]
 
 pub mod admin;
 pub mod config;
 pub mod gateway;
+pub mod inbound_routes;
 pub mod mock;
 pub mod protocol;
 pub mod routing;

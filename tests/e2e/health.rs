@@ -374,6 +374,78 @@ async fn weight_overrides_and_disable_apply_without_restart() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_weight_updates_are_422s_naming_the_field() {
+    let a = Mock::start(&[]);
+    let gw = start(&config("", "router: fixed", &routes(&[(&a, "")])));
+    let a_id = format!("m:local-{}", a.port);
+    let put = |body: serde_json::Value| {
+        admin(
+            &gw,
+            reqwest::Method::PUT,
+            "/admin/routing/weights",
+            Some(ADMIN),
+            Some(body),
+        )
+    };
+    for (body, param, message) in [
+        (
+            json!({"model": "m", "weights": {a_id.clone(): -1}}),
+            format!("weights.{a_id}"),
+            format!("weights.{a_id}: invalid value: integer `-1`, expected a number >= 0"),
+        ),
+        (
+            json!({"model": "m", "weights": {a_id.clone(): "heavy"}}),
+            format!("weights.{a_id}"),
+            format!(r#"weights.{a_id}: invalid type: string "heavy", expected a number >= 0"#),
+        ),
+        (
+            json!({"model": "m", "weights": {"nope": 1}}),
+            "weights.nope".to_owned(),
+            format!("weights.nope: not an endpoint of model `m`; its endpoints: {a_id}"),
+        ),
+        (
+            json!({"model": "unknown", "weights": {}}),
+            "model".to_owned(),
+            "model: unknown model `unknown`".to_owned(),
+        ),
+        (
+            json!({"weights": {}}),
+            "model".to_owned(),
+            "model: missing field `model`".to_owned(),
+        ),
+        (
+            json!({"model": "m", "weights": {}, "weight": {}}),
+            "weight".to_owned(),
+            "weight: unknown field `weight`, expected `model` or `weights`".to_owned(),
+        ),
+    ] {
+        let (status, answer) = put(body.clone()).await;
+        assert_eq!(status, 422, "{body} -> {answer}");
+        assert_eq!(
+            answer,
+            json!({"error": {
+                "message": message,
+                "type": "invalid_request_error",
+                "param": param,
+                "code": "validation_failed",
+            }}),
+            "{body}"
+        );
+    }
+    // Nothing was applied.
+    let (status, overrides) = admin(
+        &gw,
+        reqwest::Method::GET,
+        "/admin/routing/weights",
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(overrides["weights"], json!({}), "{overrides}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_endpoints_without_a_token_say_how_to_set_one() {
     let a = Mock::start(&[]);
     let gw = Gateway::start(&format!(

@@ -1,19 +1,29 @@
-//! Who may use the management API: the holder of the admin token, or a consumer with role `admin`
-//! presenting one of its active keys.
+//! The one rule for admin endpoints — every path under `/admin/`, and `GET /routing` unless
+//! `routing.public_routing_endpoint` is set:
+//!
+//! **the caller presents `Authorization: Bearer <admin token>` (`server.admin_token` or
+//! `$SWITCHYARD_ADMIN_TOKEN`), or `Authorization: Bearer <key>` with an active key of an enabled
+//! consumer whose role is `admin`.**
+//!
+//! Anything else is a 401; when no admin token is configured and no admin consumer key was
+//! presented it is a 403 that says how to set a token. Handlers take an [`AdminCaller`] argument
+//! (or call [`authorize`]) and never check credentials themselves.
+//!
+//! The inference routes have their own rules (`server/auth.rs`); `X-Route-Pin` is honoured for the
+//! admin token there, or an admin consumer's key on a route that checks consumer keys.
 
 use std::sync::Arc;
 
-use axum::Json;
 use axum::extract::FromRequestParts;
+use axum::http::HeaderMap;
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::{IntoResponse, Response};
 
+use super::error::ApiError;
 use crate::gateway::Gateway;
-use crate::server::admin::{AdminDenied, is_admin};
+use crate::server::auth::{bearer, presents_admin_token};
 use crate::store::model::{Role, now};
 
-/// An authorised management caller. Use it as a handler argument to guard the handler.
+/// An authorised admin caller. Use it as a handler argument to guard the handler.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AdminCaller {
     /// Presented the configured admin token.
@@ -22,44 +32,26 @@ pub enum AdminCaller {
     Consumer { consumer_id: String, key_id: String },
 }
 
-/// Why a caller may not use the management API.
+/// Why a caller may not use an admin endpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum Denied {
-    /// No admin token is configured and no admin consumer key was presented.
-    #[error("{}", AdminDenied::NotConfigured)]
-    NotConfigured,
+    /// No admin token is configured and no admin consumer key was presented (403).
     #[error(
-        "the management API needs `Authorization: Bearer <admin token>` or the API key of a consumer with role admin"
+        "admin endpoints are disabled: set server.admin_token in the config or the SWITCHYARD_ADMIN_TOKEN environment variable"
+    )]
+    NotConfigured,
+    /// Neither the admin token nor an admin consumer's key was presented (401).
+    #[error(
+        "admin endpoints need `Authorization: Bearer <admin token>` or the API key of a consumer with role admin"
     )]
     Unauthorized,
 }
 
-impl IntoResponse for Denied {
-    fn into_response(self) -> Response {
-        let status = match self {
-            Denied::NotConfigured => StatusCode::FORBIDDEN,
-            Denied::Unauthorized => StatusCode::UNAUTHORIZED,
-        };
-        (
-            status,
-            Json(serde_json::json!({
-                "error": { "message": self.to_string(), "type": "authentication_error", "param": null, "code": status.as_u16() }
-            })),
-        )
-            .into_response()
-    }
-}
-
-fn bearer(headers: &HeaderMap) -> Option<&str> {
-    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    let (scheme, token) = value.split_once(' ')?;
-    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
-}
-
-/// Decides whether the request may manage the gateway. Consumer keys are looked up in the database,
-/// not the snapshot, so a key revoked a moment ago in another process is refused at once.
+/// Applies the rule of this module. Consumer keys are looked up in the database, not the snapshot,
+/// so a key revoked a moment ago in another process is refused at once.
 pub async fn authorize(gateway: &Gateway, headers: &HeaderMap) -> Result<AdminCaller, Denied> {
-    if is_admin(gateway, headers) {
+    let admin_token = gateway.config.server.admin_token.as_deref();
+    if presents_admin_token(admin_token, headers) {
         return Ok(AdminCaller::Token);
     }
     // Only strings shaped like consumer keys cost a database lookup.
@@ -77,10 +69,10 @@ pub async fn authorize(gateway: &Gateway, headers: &HeaderMap) -> Result<AdminCa
                 });
             }
             Ok(_) => {}
-            Err(e) => tracing::warn!("management API: cannot check a consumer key: {e}"),
+            Err(e) => tracing::warn!("admin API: cannot check a consumer key: {e}"),
         }
     }
-    if gateway.config.server.admin_token.is_none() {
+    if admin_token.is_none() {
         Err(Denied::NotConfigured)
     } else {
         Err(Denied::Unauthorized)
@@ -88,12 +80,12 @@ pub async fn authorize(gateway: &Gateway, headers: &HeaderMap) -> Result<AdminCa
 }
 
 impl FromRequestParts<Arc<Gateway>> for AdminCaller {
-    type Rejection = Denied;
+    type Rejection = ApiError;
 
     async fn from_request_parts(
         parts: &mut Parts,
         gateway: &Arc<Gateway>,
     ) -> Result<Self, Self::Rejection> {
-        authorize(gateway, &parts.headers).await
+        Ok(authorize(gateway, &parts.headers).await?)
     }
 }

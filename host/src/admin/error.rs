@@ -1,5 +1,5 @@
-//! Errors of the management API in OpenAI's error shape, and the JSON body extractor that turns
-//! malformed bodies into 422s naming the field.
+//! The one error type of the admin API ([`ApiError`]), answered in OpenAI's error shape, and the
+//! JSON body extractor that turns malformed bodies into 422s naming the field's path.
 
 use axum::Json;
 use axum::body::Bytes;
@@ -10,6 +10,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use utoipa::ToSchema;
 
+use super::auth::Denied;
 use crate::store::StoreError;
 
 /// `{"error": {...}}`, as every error of the API is shaped.
@@ -26,13 +27,27 @@ pub struct ErrorDetail {
     pub kind: String,
     /// The offending field's path, when there is one.
     pub param: Option<String>,
-    /// `validation_failed`, `not_found`, `conflict`, `store_unavailable`, ...
-    pub code: String,
+    /// `validation_failed`, `not_found`, `conflict`, `store_unavailable`, ...; 401 or 403 for
+    /// authentication errors.
+    pub code: ErrorCode,
 }
 
-/// Why a management request failed.
+/// The `code` of an error: a word, except that authentication errors have always carried their
+/// HTTP status as a number, and clients may rely on that.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum ErrorCode {
+    Word(String),
+    Status(u16),
+}
+
+/// Why an admin request failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
+    /// The caller may not use admin endpoints (401, or 403 when they are off).
+    #[error(transparent)]
+    Denied(#[from] Denied),
+    /// A store operation failed; its variant decides the status (422, 404, 409, 503, 500).
     #[error(transparent)]
     Store(#[from] StoreError),
     /// The body is not valid JSON for the resource; `param` is the field's path.
@@ -41,6 +56,9 @@ pub enum ApiError {
         param: Option<String>,
         message: String,
     },
+    /// Something the path names does not exist (404).
+    #[error("{0}")]
+    NotFound(String),
     /// The gateway runs without a database.
     #[error("the management API needs a database (database.url)")]
     NoStore,
@@ -53,12 +71,28 @@ fn error(
     code: &str,
     message: String,
 ) -> Response {
+    respond(
+        status,
+        kind,
+        param,
+        ErrorCode::Word(code.to_owned()),
+        message,
+    )
+}
+
+fn respond(
+    status: StatusCode,
+    kind: &str,
+    param: Option<String>,
+    code: ErrorCode,
+    message: String,
+) -> Response {
     let body = ErrorBody {
         error: ErrorDetail {
             message,
             kind: kind.to_owned(),
             param,
-            code: code.to_owned(),
+            code,
         },
     };
     (status, Json(body)).into_response()
@@ -68,6 +102,26 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let message = self.to_string();
         match self {
+            ApiError::Denied(denied) => {
+                let status = match denied {
+                    Denied::NotConfigured => StatusCode::FORBIDDEN,
+                    Denied::Unauthorized => StatusCode::UNAUTHORIZED,
+                };
+                respond(
+                    status,
+                    "authentication_error",
+                    None,
+                    ErrorCode::Status(status.as_u16()),
+                    message,
+                )
+            }
+            ApiError::NotFound(_) => error(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                None,
+                "not_found",
+                message,
+            ),
             ApiError::Body { param, .. } => error(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "invalid_request_error",

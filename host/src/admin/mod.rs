@@ -1,15 +1,19 @@
-//! The management API under `/admin/`: CRUD for routes and their plugin configs, consumers and
-//! their keys, providers, upstreams with their keys, and upstream model mappings; RouteWise
-//! settings; the store's sync status; and the OpenAPI document generated from these handlers.
+//! The admin room: everything an operator calls. [`router`] is all of it, for the server to mount:
 //!
-//! Every endpoint needs the admin token or an admin consumer's key ([`auth::AdminCaller`]). Bodies
-//! are JSON; bad input is a 422 naming the field, unknown ids 404, clashes 409, all in OpenAI's
-//! error shape ([`error::ApiError`]). Secrets are write-only: a consumer key's secret is in the
-//! creation response only, upstream key secrets are always masked.
+//! - the management API ([`management_router`]): CRUD for routes and their plugin configs,
+//!   consumers and their keys, providers, upstreams with their keys, and upstream model mappings;
+//!   RouteWise settings; the store's sync status; and the OpenAPI document generated from these
+//!   handlers. Writes go straight to the database; the request path sees them through its
+//!   snapshot, which [`crate::store::Store::spawn_sync`] reloads on every change, in this process
+//!   and in every other one sharing the database.
+//! - runtime routing changes ([`weights`]): weight overrides and provider disables, in memory.
+//! - the operator views `GET /routing` and `GET /health/deep` ([`views`]).
 //!
-//! Writes go straight to the database; the request path sees them through its snapshot, which
-//! [`crate::store::Store::spawn_sync`] reloads on every change, in this process and in every other
-//! one sharing the database.
+//! Who may call: one rule, stated in [`auth`] and applied by its [`auth::AdminCaller`] extractor.
+//! Bodies are JSON; bad input is a 422 whose `param` is the path of the field at fault, unknown ids
+//! 404, clashes 409, all in OpenAI's error shape, from one error type ([`error::ApiError`]).
+//! Secrets are write-only: a consumer key's secret is in the creation response only, upstream key
+//! secrets are always masked.
 
 pub mod auth;
 mod consumers;
@@ -18,6 +22,8 @@ mod provider_keys;
 mod routes;
 mod routewise;
 mod upstreams;
+pub mod views;
+pub mod weights;
 
 #[cfg(test)]
 mod tests;
@@ -25,7 +31,7 @@ mod tests;
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Serialize;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
@@ -42,7 +48,22 @@ fn store(gateway: &Gateway) -> Result<&Store, ApiError> {
     gateway.store.as_ref().ok_or(ApiError::NoStore)
 }
 
-/// The management routes, to be merged into the server's router.
+/// Every admin route: the management API, runtime routing changes and the operator views.
+pub fn router() -> Router<Arc<Gateway>> {
+    management_router()
+        .route("/health/deep", get(views::health_deep))
+        .route("/routing", get(views::routing))
+        .route(
+            "/admin/routing/weights",
+            get(weights::get_weights).put(weights::put_weights),
+        )
+        .route(
+            "/admin/routing/providers/{target}/{action}",
+            post(weights::set_provider),
+        )
+}
+
+/// The management API: the routes its OpenAPI document ([`ApiDoc`]) describes.
 pub fn management_router() -> Router<Arc<Gateway>> {
     Router::new()
         .route("/admin/openapi.json", get(openapi_json))
@@ -123,11 +144,11 @@ pub fn management_router() -> Router<Arc<Gateway>> {
         )
         .route(
             "/admin/provider-keys/min-role-env",
-            axum::routing::post(provider_keys::reserve_env_key),
+            post(provider_keys::reserve_env_key),
         )
         .route(
             "/admin/provider-keys/{key_id}/min-role",
-            axum::routing::post(provider_keys::set_min_role),
+            post(provider_keys::set_min_role),
         )
         .route(
             "/admin/upstream-models",

@@ -27,6 +27,14 @@ impl Drop for Server {
 }
 
 async fn serve(db: &TestDb, admin_token: Option<&str>) -> Server {
+    serve_router(db, admin_token, management_router()).await
+}
+
+async fn serve_router(
+    db: &TestDb,
+    admin_token: Option<&str>,
+    router: axum::Router<Arc<Gateway>>,
+) -> Server {
     let server = match admin_token {
         Some(t) => format!("server:\n  admin_token: {t}\n"),
         None => String::new(),
@@ -37,7 +45,7 @@ async fn serve(db: &TestDb, admin_token: Option<&str>) -> Server {
     let gateway = Arc::new(Gateway::new(config, routing, Some(db.store.clone())).unwrap());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let app = management_router().with_state(gateway);
+    let app = router.with_state(gateway);
     let task = tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });
@@ -166,7 +174,7 @@ async fn admin_token_or_admin_consumer_key_is_required() {
     assert_eq!(status, 403);
     assert_eq!(
         body["error"]["message"],
-        crate::server::admin::AdminDenied::NotConfigured.to_string()
+        super::auth::Denied::NotConfigured.to_string()
     );
     let (status, _) = open
         .call(get.clone(), "/admin/routes", Some(TOKEN), None)
@@ -174,6 +182,57 @@ async fn admin_token_or_admin_consumer_key_is_required() {
     assert_eq!(status, 403);
     let (status, _) = open
         .call(get, "/admin/routes", Some(&admin_secret), None)
+        .await;
+    assert_eq!(status, 200);
+}
+
+#[tokio::test]
+async fn runtime_routing_endpoints_follow_the_same_rule() {
+    let db = TestDb::sqlite().await;
+    let s = serve_router(&db, Some(TOKEN), super::router()).await;
+    let get = reqwest::Method::GET;
+    let (_, _, admin_secret) = s.consumer_key("ops", "admin").await;
+    let (_, _, pro_secret) = s.consumer_key("user", "pro").await;
+    for path in ["/admin/routing/weights", "/routing"] {
+        let (status, body) = s.call(get.clone(), path, Some(TOKEN), None).await;
+        assert_eq!(status, 200, "{path}: {body}");
+        let (status, body) = s.call(get.clone(), path, Some(&admin_secret), None).await;
+        assert_eq!(status, 200, "{path}: an admin consumer's key works: {body}");
+        let (status, body) = s.call(get.clone(), path, Some(&pro_secret), None).await;
+        assert_eq!(status, 401, "{path}: {body}");
+        assert_eq!(
+            body["error"],
+            json!({
+                "message": super::auth::Denied::Unauthorized.to_string(),
+                "type": "authentication_error",
+                "param": null,
+                "code": 401,
+            }),
+            "{path}"
+        );
+    }
+    let (status, body) = s
+        .call(
+            reqwest::Method::POST,
+            "/admin/routing/providers/nowhere/disable",
+            Some(TOKEN),
+            None,
+        )
+        .await;
+    assert_eq!((status, &body["error"]["code"]), (404, &json!("not_found")));
+
+    let open = serve_router(&db, None, super::router()).await;
+    let (status, body) = open
+        .call(get.clone(), "/admin/routing/weights", Some(TOKEN), None)
+        .await;
+    assert_eq!(status, 403);
+    assert_eq!(
+        body["error"]["message"],
+        super::auth::Denied::NotConfigured.to_string()
+    );
+    assert_eq!(body["error"]["code"], 403);
+    let (status, _) = open
+        .call(get, "/admin/routing/weights", Some(&admin_secret), None)
         .await;
     assert_eq!(status, 200);
 }

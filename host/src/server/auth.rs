@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, header};
 use sha2::{Digest, Sha256};
 
 use crate::config::DEFAULT_GROUP;
@@ -13,7 +13,7 @@ use crate::store::Snapshot;
 use crate::store::model::Role;
 
 use super::caller::presented_key;
-use super::routes::{InboundRoute, RouteAuth};
+use crate::inbound_routes::{InboundRoute, RouteAuth};
 
 /// Who passed authentication, as far as routing cares.
 #[derive(Debug, Clone, Default)]
@@ -49,6 +49,25 @@ pub enum AuthError {
 /// Equality of two secrets' digests that takes the same time wherever they differ.
 pub fn digest_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The token of an `Authorization: Bearer <token>` header (scheme case-insensitive, token trimmed).
+pub fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+/// Whether the request's bearer is `admin_token` (the configured one; `None`: never). Compared as
+/// SHA-256 digests, so the time taken does not depend on how much of the token matched.
+pub fn presents_admin_token(admin_token: Option<&str>, headers: &HeaderMap) -> bool {
+    let (Some(expected), Some(given)) = (admin_token, bearer(headers)) else {
+        return false;
+    };
+    digest_eq(
+        &Sha256::digest(expected.as_bytes()),
+        &Sha256::digest(given.as_bytes()),
+    )
 }
 
 /// The groups left by intersecting every non-empty constraint; `[default]` when none is given.

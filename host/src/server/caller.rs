@@ -9,7 +9,7 @@
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 
-use axum::http::{HeaderMap, header};
+use axum::http::HeaderMap;
 use ipnet::IpNet;
 use sha2::{Digest, Sha256};
 
@@ -36,13 +36,7 @@ impl Caller {
 
 /// The credential a client presented: `Authorization: Bearer` or Anthropic's `x-api-key`.
 pub fn presented_key(headers: &HeaderMap) -> Option<&str> {
-    let bearer = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, token)| token.trim());
-    bearer
+    super::auth::bearer(headers)
         .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
         .filter(|k| !k.is_empty())
 }
@@ -115,7 +109,7 @@ fn bucket(ip: IpAddr) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use axum::http::HeaderValue;
+    use axum::http::{HeaderValue, header};
 
     fn peer(ip: &str) -> Option<SocketAddr> {
         Some(SocketAddr::new(ip.parse().unwrap(), 40000))

@@ -20,8 +20,8 @@ use crate::routing::table::ModelEntry;
 use crate::store::api_log::ApiLogRow;
 
 use super::auth::{self, Principal};
-use super::routes::{Endpoint, RouteMatch};
-use super::{GatewayError, admin, attributed_row, caller, clamp_i32, log_request};
+use super::{GatewayError, attributed_row, caller, clamp_i32, log_request};
+use crate::inbound_routes::{Endpoint, RouteMatch};
 
 /// What authentication and the inbound route decided for one request.
 struct Admission {
@@ -197,7 +197,10 @@ fn caller_and_pin<'h>(
         .and_then(|v| v.to_str().ok())
         .map(str::trim)
         .filter(|p| !p.is_empty())
-        .filter(|_| admission.principal.admin || admin::is_admin(gateway, headers));
+        .filter(|_| {
+            admission.principal.admin
+                || auth::presents_admin_token(gateway.config.server.admin_token.as_deref(), headers)
+        });
     let caller = caller::identify(
         headers,
         extensions

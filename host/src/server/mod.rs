@@ -1,17 +1,15 @@
 //! The HTTP edge: routes, request parsing, and turning answers and errors into responses.
 
-pub mod admin;
 pub mod auth;
 pub mod caller;
 pub mod error;
 mod inference;
-pub mod routes;
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::State;
-use axum::routing::{get, post};
+use axum::routing::get;
 use axum::{Json, Router};
 
 use crate::gateway::Gateway;
@@ -23,20 +21,11 @@ pub use error::GatewayError;
 /// The gateway's HTTP routes.
 pub fn router(gateway: Arc<Gateway>) -> Router {
     // Inference paths are matched by the inbound routes (longest path prefix), so they are the
-    // fallback: fixed paths (health, routing, admin) come first.
+    // fallback: fixed paths (health, and the admin room's `/admin/*`, `/routing`, `/health/deep`)
+    // come first.
     Router::new()
         .route("/health", get(health))
-        .route("/health/deep", get(admin::health_deep))
-        .route("/routing", get(admin::routing))
-        .route(
-            "/admin/routing/weights",
-            get(admin::get_weights).put(admin::put_weights),
-        )
-        .route(
-            "/admin/routing/providers/{target}/{action}",
-            post(admin::set_provider),
-        )
-        .merge(crate::admin::management_router())
+        .merge(crate::admin::router())
         .fallback(inference::handle)
         .with_state(gateway)
 }

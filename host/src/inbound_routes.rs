@@ -1,9 +1,12 @@
-//! Inbound routes: the path prefix a request arrives on decides how its caller authenticates, which
-//! upstream groups it may reach and how many upstreams it may try.
+//! The table of inbound routes: the path prefix a request arrives on decides how its caller
+//! authenticates, which upstream groups it may reach and how many upstreams it may try; the rest of
+//! the path names the [`Endpoint`].
 //!
 //! Routes come from the YAML (`routes:`) and the database, and become the same runtime type. When
 //! neither declares one, a single implicit route with prefix `/` applies, authenticated as
-//! `server.default_auth` says.
+//! `server.default_auth` says. The gateway builds the table from its config and database snapshot
+//! ([`RouteSet::build`]); the HTTP edge (`server/`) looks requests up in it. It sits below both, so
+//! neither has to import the other for it.
 
 use std::collections::BTreeMap;
 

@@ -1,0 +1,160 @@
+//! Operator views outside `/admin/`: where every model's traffic goes (`GET /routing`, behind the
+//! admin rule of [`super::auth`] unless `routing.public_routing_endpoint` is set) and the gateway's
+//! deep health (`GET /health/deep`, open to probes).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::HeaderMap;
+
+use super::auth::authorize;
+use super::error::ApiError;
+use crate::gateway::Gateway;
+use crate::routing::health::CircuitState;
+use crate::strategy::CatalogEntry;
+
+/// `GET /routing`: every published model's effective weights and where each route stands.
+pub async fn routing(
+    State(gateway): State<Arc<Gateway>>,
+    headers: HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    if !gateway.config.routing.public_routing_endpoint {
+        authorize(&gateway, &headers).await?;
+    }
+    let table = gateway.table();
+    let now = std::time::Instant::now();
+    let mut models = Vec::new();
+    for m in table.models().filter(|m| m.config.published) {
+        let total: f64 = m
+            .routes()
+            .iter()
+            .filter(|r| gateway.routing.health.admits(&r.endpoint_id, now).is_some())
+            .map(|r| r.weight)
+            .sum();
+        let routes: Vec<_> = m
+            .routes()
+            .iter()
+            .map(|r| {
+                let circuit = gateway.routing.health.circuit(&r.endpoint_id, now);
+                let share = if total > 0.0 && circuit != CircuitState::Open {
+                    r.weight / total
+                } else {
+                    0.0
+                };
+                serde_json::json!({
+                    "endpoint_id": r.endpoint_id,
+                    "provider": r.kind.as_str(),
+                    "base_url": r.base_url,
+                    "provider_model_id": r.provider_model_id,
+                    "declared_weight": r.declared_weight,
+                    "weight": r.weight,
+                    "share": share,
+                    "weight_note": r.weight_note,
+                    "priority": r.priority,
+                    "local_deployment": r.local_deployment,
+                    "input_modalities": r.input_modalities,
+                    "circuit": circuit,
+                    "availability": gateway.routing.health.availability(&r.endpoint_id),
+                })
+            })
+            .collect();
+        models.push(serde_json::json!({
+            "id": m.id(),
+            "aliases": m.config.aliases,
+            "router": m.router.strategy.name,
+            "router_version": m.router.strategy.version,
+            "routes": routes,
+            "strategy_status": m.router.status().await,
+        }));
+    }
+    Ok(Json(serde_json::json!({
+        "local_fraction": gateway.config.routing.local_fraction,
+        "inbound_routes": gateway
+            .inbound_routes()
+            .routes()
+            .iter()
+            .map(|r| serde_json::json!({
+                "id": r.id,
+                "name": r.name,
+                "tenant_id": r.tenant_id,
+                "path_prefix": r.path_prefix,
+                "enabled": r.enabled,
+                "auth": r.auth.as_str(),
+                "groups": r.groups,
+                "max_attempts": r.max_attempts,
+                "protocol_transformation_type": r.protocol_transformation,
+                "plugins": r.plugins,
+                "source": r.source,
+            }))
+            .collect::<Vec<_>>(),
+        "models": models,
+    })))
+}
+
+/// `GET /health/deep`: endpoints, strategies and storage, for operators and probes.
+pub async fn health_deep(State(gateway): State<Arc<Gateway>>) -> Json<serde_json::Value> {
+    let strategies: Vec<_> = gateway
+        .catalog
+        .entries()
+        .map(|(name, entry)| match entry {
+            CatalogEntry::Loaded(s) => serde_json::json!({
+                "name": name, "state": "loaded", "version": s.version, "path": s.path,
+                "api_version": s.api_version,
+            }),
+            CatalogEntry::Missing(m) => serde_json::json!({
+                "name": name, "state": "missing", "path": m.path, "reason": m.reason,
+            }),
+        })
+        .collect();
+    let routers: Vec<_> = gateway
+        .table()
+        .models()
+        .map(|m| {
+            let s = &m.router.stats;
+            serde_json::json!({
+                "model": m.id(),
+                "strategy": m.router.strategy.label(),
+                "selects": s.selects.load(Ordering::Relaxed),
+                "failures": s.failures.load(Ordering::Relaxed),
+                "resets": s.resets.load(Ordering::Relaxed),
+                "last_failure": *s.last_failure.lock(),
+            })
+        })
+        .collect();
+    let endpoints = gateway.routing.health.report();
+    let degraded = endpoints.iter().any(|e| !e.healthy);
+    let api_log = gateway.api_log.as_ref().map(|l| {
+        serde_json::json!({
+            "dropped_rows": l.dropped.load(Ordering::Relaxed),
+            "failed_rows": l.write_errors.load(Ordering::Relaxed),
+        })
+    });
+    let prefill: serde_json::Map<String, serde_json::Value> = gateway
+        .routing
+        .prefill
+        .report()
+        .into_iter()
+        .map(|(id, load)| {
+            (
+                id,
+                serde_json::json!({ "backlog_tokens": load.backlog_tokens, "elephants": load.elephants }),
+            )
+        })
+        .collect();
+    Json(serde_json::json!({
+        "status": if degraded { "degraded" } else { "ok" },
+        "prefill": prefill,
+        "affinity_records": gateway.routing.affinity.len(),
+        "note": "health state is per process",
+        "endpoints": endpoints,
+        "strategies": strategies,
+        "routers": routers,
+        "database": gateway.store.as_ref().map(|s| s.backend()),
+        "database_sync": gateway.store.as_ref().map(|s| s.snapshots().status()),
+        "api_logs": api_log,
+        "quota": gateway.routing.quota.report(),
+        "routewise": gateway.routing.routewise.report(),
+    }))
+}
