@@ -383,7 +383,7 @@ impl Answer {
         ir::Response {
             id: self.id.clone(),
             model: self.model.clone(),
-            created: Some(ids::now()),
+            created: Some(crate::clock::unix_secs()),
             output,
             finish: self.finish.clone(),
             stop_sequence: None,

@@ -175,7 +175,7 @@ pub fn build_response(r: &Response, public_model: &str) -> Vec<u8> {
     let body = json!({
         "id": ids::with_prefix(&r.id, "chatcmpl-"),
         "object": "chat.completion",
-        "created": r.created.unwrap_or_else(ids::now),
+        "created": r.created.unwrap_or_else(crate::clock::unix_secs),
         "model": public_model,
         "choices": [{
             "index": 0,

@@ -218,7 +218,7 @@ pub fn build_response(r: &Response, public_model: &str) -> Vec<u8> {
     let (status, details) = status_of(&r.effective_finish());
     let body = response_object(
         &id,
-        r.created.unwrap_or_else(ids::now),
+        r.created.unwrap_or_else(crate::clock::unix_secs),
         public_model,
         status,
         output,
