@@ -480,7 +480,7 @@ async fn chat(
     };
     let request = match dialect.parse_request(&body) {
         Ok(r) => r,
-        Err(reason) => return error_response(dialect, 400, &reason),
+        Err(reason) => return error_response(dialect, 400, &reason.to_string()),
     };
     let pace = Pace::new(&state, &behaviour);
     let answer = Answer::plan(&state, &request);

@@ -742,7 +742,7 @@ async fn complete(
     let body = client.read_body(response).await?;
     let parsed = dialect
         .parse_response(&body)
-        .map_err(AttemptError::InvalidResponse)?;
+        .map_err(|e| AttemptError::InvalidResponse(e.to_string()))?;
     let usage = parsed.usage;
     let body = if dialect == inbound.dialect {
         rename_model(body, &route.provider_model_id, &inbound.request.model)
