@@ -245,7 +245,7 @@ impl Gateway {
     pub fn record(&self, mut row: crate::store::api_log::ApiLogRow) {
         if let Some(log) = &self.api_log {
             if row.created_at_ms == 0 {
-                row.created_at_ms = crate::routing::unix_ms() as i64;
+                row.created_at_ms = crate::clock::unix_ms() as i64;
             }
             log.record(row);
         }
@@ -408,7 +408,7 @@ impl Gateway {
                 let Some(gateway) = weak.upgrade() else {
                     return;
                 };
-                let now = crate::routing::unix_ms();
+                let now = crate::clock::unix_ms();
                 for model in gateway.table().models() {
                     model.router.tick(now).await;
                 }

@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod clock;
 pub mod config;
 pub mod gateway;
 pub mod inbound_routes;

@@ -31,7 +31,7 @@ pub(super) async fn handle(
     }
     let (model, chars) = match parse_embeddings_request(&body) {
         Ok(v) => v,
-        Err(reason) => return error_response(dialect, 400, &reason),
+        Err(reason) => return error_response(dialect, 400, &reason.to_string()),
     };
     let request: Value = serde_json::from_slice(&body).unwrap_or_default();
     let dimensions = match request.get("dimensions") {

@@ -383,7 +383,7 @@ impl Answer {
         ir::Response {
             id: self.id.clone(),
             model: self.model.clone(),
-            created: Some(ids::now()),
+            created: Some(crate::clock::unix_secs()),
             output,
             finish: self.finish.clone(),
             stop_sequence: None,
@@ -480,7 +480,7 @@ async fn chat(
     };
     let request = match dialect.parse_request(&body) {
         Ok(r) => r,
-        Err(reason) => return error_response(dialect, 400, &reason),
+        Err(reason) => return error_response(dialect, 400, &reason.to_string()),
     };
     let pace = Pace::new(&state, &behaviour);
     let answer = Answer::plan(&state, &request);

@@ -238,7 +238,7 @@ fn exercise(body: &[u8], case: &str) {
                     );
                 }
             }
-            Err(reason) => assert!(!reason.is_empty(), "{case}: empty reason"),
+            Err(reason) => assert!(!reason.to_string().is_empty(), "{case}: empty reason"),
         }
         match d.parse_response(body) {
             Ok(r) => {
@@ -250,7 +250,7 @@ fn exercise(body: &[u8], case: &str) {
                     );
                 }
             }
-            Err(reason) => assert!(!reason.is_empty(), "{case}: empty reason"),
+            Err(reason) => assert!(!reason.to_string().is_empty(), "{case}: empty reason"),
         }
     }
     let _ = super::parse_embeddings_request(body);

@@ -41,14 +41,6 @@ pub fn tool_use_id(id: &str) -> String {
         .collect()
 }
 
-/// Seconds since the Unix epoch.
-pub fn now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

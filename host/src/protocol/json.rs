@@ -6,9 +6,11 @@
 
 use serde_json::{Map, Value};
 
+use super::ProtocolError;
+
 /// Parses a body, or says why it is not JSON.
-pub fn parse(bytes: &[u8]) -> Result<Value, String> {
-    serde_json::from_slice(bytes).map_err(|e| format!("not valid JSON: {e}"))
+pub fn parse(bytes: &[u8]) -> Result<Value, ProtocolError> {
+    serde_json::from_slice(bytes).map_err(ProtocolError::NotJson)
 }
 
 /// A JSON object plus the path it was found at (empty for the body itself).
@@ -41,18 +43,18 @@ pub fn kind(v: &Value) -> &'static str {
 
 impl<'a, 'p> Obj<'a, 'p> {
     /// The request body, which must be an object.
-    pub fn body(v: &'a Value) -> Result<Self, String> {
+    pub fn body(v: &'a Value) -> Result<Self, ProtocolError> {
         match v {
             Value::Object(map) => Ok(Self { map, path: "" }),
-            _ => Err("the body must be a JSON object".into()),
+            _ => Err(ProtocolError::BodyNotObject),
         }
     }
 
     /// `v`, which must be an object, found at `path`.
-    pub fn at(v: &'a Value, path: &'p str) -> Result<Self, String> {
+    pub fn at(v: &'a Value, path: &'p str) -> Result<Self, ProtocolError> {
         match v {
             Value::Object(map) => Ok(Self { map, path }),
-            other => Err(format!("`{path}` must be an object, not {}", kind(other))),
+            other => Err(ProtocolError::wrong_type(path, "an object", other)),
         }
     }
 
@@ -69,11 +71,16 @@ impl<'a, 'p> Obj<'a, 'p> {
         self.get(key).is_some()
     }
 
-    fn wrong(&self, key: &str, want: &str, got: &Value) -> String {
-        format!("`{}` must be {want}, not {}", self.path(key), kind(got))
+    fn wrong(&self, key: &str, want: &'static str, got: &Value) -> ProtocolError {
+        ProtocolError::wrong_type(self.path(key), want, got)
     }
 
-    pub fn str(&self, key: &str) -> Result<Option<&'a str>, String> {
+    /// The error for `key` being absent.
+    pub fn missing(&self, key: &str) -> ProtocolError {
+        ProtocolError::missing(self.path(key))
+    }
+
+    pub fn str(&self, key: &str) -> Result<Option<&'a str>, ProtocolError> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::String(s)) => Ok(Some(s)),
@@ -82,14 +89,14 @@ impl<'a, 'p> Obj<'a, 'p> {
     }
 
     /// A required non-empty string.
-    pub fn req_str(&self, key: &str) -> Result<&'a str, String> {
+    pub fn req_str(&self, key: &str) -> Result<&'a str, ProtocolError> {
         match self.str(key)? {
             Some(s) if !s.trim().is_empty() => Ok(s),
-            _ => Err(format!("`{}` is required", self.path(key))),
+            _ => Err(self.missing(key)),
         }
     }
 
-    pub fn bool(&self, key: &str) -> Result<Option<bool>, String> {
+    pub fn bool(&self, key: &str) -> Result<Option<bool>, ProtocolError> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::Bool(b)) => Ok(Some(*b)),
@@ -97,7 +104,7 @@ impl<'a, 'p> Obj<'a, 'p> {
         }
     }
 
-    pub fn f64(&self, key: &str) -> Result<Option<f64>, String> {
+    pub fn f64(&self, key: &str) -> Result<Option<f64>, ProtocolError> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::Number(n)) => Ok(n.as_f64()),
@@ -105,7 +112,7 @@ impl<'a, 'p> Obj<'a, 'p> {
         }
     }
 
-    pub fn i64(&self, key: &str) -> Result<Option<i64>, String> {
+    pub fn i64(&self, key: &str) -> Result<Option<i64>, ProtocolError> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::Number(n)) if n.is_i64() || n.is_u64() => {
@@ -116,7 +123,7 @@ impl<'a, 'p> Obj<'a, 'p> {
     }
 
     /// A non-negative integer, saturated to `u32`.
-    pub fn u32(&self, key: &str) -> Result<Option<u32>, String> {
+    pub fn u32(&self, key: &str) -> Result<Option<u32>, ProtocolError> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::Number(n)) if n.is_u64() => {
@@ -128,7 +135,7 @@ impl<'a, 'p> Obj<'a, 'p> {
         }
     }
 
-    pub fn array(&self, key: &str) -> Result<Option<&'a Vec<Value>>, String> {
+    pub fn array(&self, key: &str) -> Result<Option<&'a Vec<Value>>, ProtocolError> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::Array(a)) => Ok(Some(a)),
@@ -136,7 +143,7 @@ impl<'a, 'p> Obj<'a, 'p> {
         }
     }
 
-    pub fn object(&self, key: &str) -> Result<Option<&'a Map<String, Value>>, String> {
+    pub fn object(&self, key: &str) -> Result<Option<&'a Map<String, Value>>, ProtocolError> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::Object(o)) => Ok(Some(o)),
@@ -192,11 +199,11 @@ mod tests {
         let o = Obj::body(&v).unwrap();
         let a = Obj::at(o.get("a").unwrap(), "a").unwrap();
         assert_eq!(
-            a.str("b").unwrap_err(),
+            a.str("b").unwrap_err().to_string(),
             "`a.b` must be a string, not a number"
         );
-        assert!(o.u32("n").unwrap_err().contains("non-negative"));
-        assert_eq!(o.req_str("s").unwrap_err(), "`s` is required");
+        assert!(o.u32("n").unwrap_err().to_string().contains("non-negative"));
+        assert_eq!(o.req_str("s").unwrap_err().to_string(), "`s` is required");
         assert_eq!(o.str("x").unwrap(), None);
         assert!(Obj::body(&json!([])).is_err());
     }

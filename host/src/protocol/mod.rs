@@ -16,14 +16,18 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 
 pub mod anthropic_messages;
+mod error;
 pub mod ids;
 pub mod inbound;
 pub mod ir;
 pub mod json;
 pub mod openai_chat;
+mod openai_parts;
 pub mod openai_responses;
 pub mod rename;
 pub mod sse;
+
+pub use error::ProtocolError;
 
 #[cfg(test)]
 mod fuzz;
@@ -70,7 +74,7 @@ impl Dialect {
     }
 
     /// Parses a client's request body; the error is the reason to show the client.
-    pub fn parse_request(self, body: &[u8]) -> Result<ir::Request, String> {
+    pub fn parse_request(self, body: &[u8]) -> Result<ir::Request, ProtocolError> {
         match self {
             Dialect::OpenAiChat => openai_chat::parse_request(body),
             Dialect::OpenAiResponses => openai_responses::parse_request(body),
@@ -80,7 +84,7 @@ impl Dialect {
 
     /// [`Dialect::parse_request`] of a body already parsed as JSON, for callers that keep the
     /// parsed body (pass-through) and should not parse it twice.
-    pub fn parse_request_value(self, body: &Value) -> Result<ir::Request, String> {
+    pub fn parse_request_value(self, body: &Value) -> Result<ir::Request, ProtocolError> {
         match self {
             Dialect::OpenAiChat => openai_chat::parse_request_value(body),
             Dialect::OpenAiResponses => openai_responses::parse_request_value(body),
@@ -99,8 +103,9 @@ impl Dialect {
         }
     }
 
-    /// Parses an upstream's non-streaming (2xx) answer.
-    pub fn parse_response(self, body: &[u8]) -> Result<ir::Response, String> {
+    /// Parses an upstream's non-streaming (2xx) answer; the error is
+    /// [`ProtocolError::InvalidResponse`] or [`ProtocolError::Upstream`].
+    pub fn parse_response(self, body: &[u8]) -> Result<ir::Response, ProtocolError> {
         match self {
             Dialect::OpenAiChat => openai_chat::parse_response(body),
             Dialect::OpenAiResponses => openai_responses::parse_response(body),
@@ -184,16 +189,14 @@ impl std::fmt::Display for Dialect {
 }
 
 impl std::str::FromStr for Dialect {
-    type Err = String;
+    type Err = ProtocolError;
 
     /// Accepts the short names of [`Dialect::as_str`].
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Dialect::ALL
             .into_iter()
             .find(|d| d.as_str() == s)
-            .ok_or_else(|| {
-                format!("unknown protocol `{s}`; expected openai, openai_responses or anthropic")
-            })
+            .ok_or_else(|| ProtocolError::UnknownDialect(s.to_owned()))
     }
 }
 
@@ -309,24 +312,24 @@ pub fn status_of_error(error: &Value) -> u16 {
 
 /// The message of an upstream error object (`{"message": ...}`, or a bare string).
 pub fn upstream_error_message(error: &Value) -> String {
-    let message = match error {
-        Value::String(s) => s.clone(),
-        _ => match error.get("message").and_then(Value::as_str) {
-            Some(m) => m.to_owned(),
-            None => error.to_string(),
-        },
-    };
-    format!("upstream error: {message}")
+    ProtocolError::upstream(error).to_string()
 }
 
 /// Validates an OpenAI embeddings body: the model and the characters of input (token-id inputs
 /// count 4 characters per token, the inverse of the prompt estimate).
-pub fn parse_embeddings_request(body: &[u8]) -> Result<(String, usize), String> {
+pub fn parse_embeddings_request(body: &[u8]) -> Result<(String, usize), ProtocolError> {
     let v = json::parse(body)?;
     let body = json::Obj::body(&v)?;
     let model = body.req_str("model")?.to_owned();
-    let input = body.get("input").ok_or("`input` is required")?;
-    let bad = || "`input` must be a string, an array of strings, or token arrays".to_owned();
+    let input = body
+        .get("input")
+        .ok_or_else(|| ProtocolError::missing("input"))?;
+    let bad = || {
+        ProtocolError::invalid(
+            "input",
+            "must be a string, an array of strings, or token arrays",
+        )
+    };
     let chars = match input {
         Value::String(s) => s.chars().count(),
         Value::Array(items) if !items.is_empty() => {
@@ -343,7 +346,7 @@ pub fn parse_embeddings_request(body: &[u8]) -> Result<(String, usize), String> 
             }
             chars
         }
-        Value::Array(_) => return Err("`input` must not be empty".into()),
+        Value::Array(_) => return Err(ProtocolError::invalid("input", "must not be empty")),
         _ => return Err(bad()),
     };
     Ok((model, chars))
@@ -383,7 +386,7 @@ mod tests {
             (br#"{"model":"e","input":[]}"#, "must not be empty"),
             (br#"{"model":"e","input":{"a":1}}"#, "must be a string"),
         ] {
-            let err = parse_embeddings_request(body).unwrap_err();
+            let err = parse_embeddings_request(body).unwrap_err().to_string();
             assert!(err.contains(reason), "{err}");
         }
     }

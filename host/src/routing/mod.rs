@@ -15,15 +15,6 @@ pub mod table;
 
 use std::sync::Arc;
 
-/// Milliseconds since the Unix epoch (0 if the clock is before it): the time strategies and the
-/// request log see.
-pub fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 /// The process-wide routing state every request consults: endpoint health, prefill load and
 /// session affinity. Cheap to clone.
 #[derive(Debug, Clone)]

@@ -349,7 +349,7 @@ pub async fn select_at(
         stream: facts.stream,
         modalities: facts.modalities,
         seed: rand::random(),
-        now_ms: super::unix_ms(),
+        now_ms: crate::clock::unix_ms(),
         prefill: PrefillPolicy {
             enabled: p.enabled,
             intervene_tokens: p.intervene_tokens,

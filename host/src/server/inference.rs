@@ -223,10 +223,10 @@ async fn serve_chat(
     // Parsed once: the IR is read from it, and it is kept for upstreams of the same dialect, which
     // get it nearly verbatim.
     let parsed: serde_json::Value =
-        protocol::json::parse(body).map_err(GatewayError::InvalidBody)?;
+        protocol::json::parse(body).map_err(|e| GatewayError::InvalidBody(e.to_string()))?;
     let request = dialect
         .parse_request_value(&parsed)
-        .map_err(GatewayError::InvalidBody)?;
+        .map_err(|e| GatewayError::InvalidBody(e.to_string()))?;
     let serde_json::Value::Object(raw) = parsed else {
         return Err(GatewayError::InvalidBody(
             "the body must be a JSON object".into(),
@@ -365,8 +365,8 @@ async fn serve_embeddings(
     body: &[u8],
 ) -> Result<Response, GatewayError> {
     let started = Instant::now();
-    let (model_name, chars) =
-        protocol::parse_embeddings_request(body).map_err(GatewayError::InvalidBody)?;
+    let (model_name, chars) = protocol::parse_embeddings_request(body)
+        .map_err(|e| GatewayError::InvalidBody(e.to_string()))?;
     let raw = json_object(body)?;
     let model = published_model(gateway, &model_name, &admission.principal)?;
     let (caller, pin) = caller_and_pin(gateway, admission, extensions, headers);
@@ -412,7 +412,7 @@ fn count_tokens(
     let bytes = serde_json::to_vec(&value).unwrap_or_default();
     let request = dialect
         .parse_request(&bytes)
-        .map_err(GatewayError::InvalidBody)?;
+        .map_err(|e| GatewayError::InvalidBody(e.to_string()))?;
     published_model(gateway, &request.model, &admission.principal)?;
     Ok(
         axum::Json(serde_json::json!({ "input_tokens": request.prompt_token_estimate() }))

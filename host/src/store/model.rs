@@ -16,10 +16,7 @@ use super::StoreError;
 
 /// Unix time in seconds.
 pub fn now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
+    i64::try_from(crate::clock::unix_secs()).unwrap_or(i64::MAX)
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -316,13 +316,6 @@ impl std::fmt::Debug for SnapshotCache {
     }
 }
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
-
 impl SnapshotCache {
     /// The last successfully loaded snapshot (empty before the first).
     pub fn current(&self) -> Arc<Snapshot> {
@@ -367,7 +360,8 @@ impl SnapshotCache {
             Err(e) => {
                 let mut status = self.status.lock();
                 status.last_error = Some(e.to_string());
-                status.last_error_at_ms = Some(now_ms());
+                status.last_error_at_ms =
+                    Some(i64::try_from(crate::clock::unix_ms()).unwrap_or(i64::MAX));
                 status.consecutive_failures += 1;
                 Err(e)
             }

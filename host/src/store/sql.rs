@@ -1551,10 +1551,7 @@ macro_rules! impl_config_store {
                     routewise_settings: self.routewise_rows(&mut tx).await?,
                 };
                 tx.commit().await.map_err(err)?;
-                let loaded_at = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_millis() as i64)
-                    .unwrap_or(0);
+                let loaded_at = i64::try_from(crate::clock::unix_ms()).unwrap_or(i64::MAX);
                 Ok(Snapshot::build(rows, loaded_at))
             }
         }

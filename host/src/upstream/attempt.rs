@@ -143,7 +143,7 @@ impl<'a> Attempt<'a> {
         let body = self.client.read_body(response).await?;
         let parsed = dialect
             .parse_response(&body)
-            .map_err(AttemptError::InvalidResponse)?;
+            .map_err(|e| AttemptError::InvalidResponse(e.to_string()))?;
         let body = if dialect == inbound.dialect {
             rename_model(
                 body,

@@ -5,8 +5,8 @@ use serde_json::{Map, Value, json};
 use crate::protocol::ir::{
     ImageSource, Message, Part, Reasoning, Request, Role, Tool, ToolCall, ToolChoice, ToolResult,
 };
-use crate::protocol::json::{self, Obj, kind, put};
-use crate::protocol::{Dialect, ids};
+use crate::protocol::json::{self, Obj, put};
+use crate::protocol::{Dialect, ProtocolError, ids};
 
 /// `max_tokens` sent to Anthropic when the client set no limit (Anthropic requires one).
 pub const DEFAULT_MAX_TOKENS: u32 = 8192;
@@ -32,20 +32,22 @@ const MODELED: &[&str] = &[
 ];
 
 /// Parses and validates a client's Messages body.
-pub fn parse_request(bytes: &[u8]) -> Result<Request, String> {
+pub fn parse_request(bytes: &[u8]) -> Result<Request, ProtocolError> {
     parse_request_value(&json::parse(bytes)?)
 }
 
 /// [`parse_request`] of a body already parsed as JSON (the gateway keeps the parsed body for
 /// pass-through, so it parses once).
-pub fn parse_request_value(v: &Value) -> Result<Request, String> {
+pub fn parse_request_value(v: &Value) -> Result<Request, ProtocolError> {
     let body = Obj::body(v)?;
     let model = body.req_str("model")?;
-    let max_tokens = body.u32("max_tokens")?.ok_or("`max_tokens` is required")?;
+    let max_tokens = body
+        .u32("max_tokens")?
+        .ok_or_else(|| body.missing("max_tokens"))?;
     let raw_messages = match body.array("messages")? {
         Some(m) if !m.is_empty() => m,
-        Some(_) => return Err("`messages` must not be empty".into()),
-        None => return Err("`messages` is required".into()),
+        Some(_) => return Err(ProtocolError::invalid("messages", "must not be empty")),
+        None => return Err(ProtocolError::missing("messages")),
     };
     let mut messages = Vec::with_capacity(raw_messages.len() + 1);
     if let Some(system) = system(&body)? {
@@ -65,8 +67,9 @@ pub fn parse_request_value(v: &Value) -> Result<Request, String> {
             "none" => ToolChoice::None,
             "tool" => ToolChoice::Function(c.req_str("name")?.to_owned()),
             other => {
-                return Err(format!(
-                    "`tool_choice.type` must be auto, any, tool or none; not `{other}`"
+                return Err(ProtocolError::invalid(
+                    "tool_choice.type",
+                    format!("must be auto, any, tool or none; not `{other}`"),
                 ));
             }
         });
@@ -81,9 +84,9 @@ pub fn parse_request_value(v: &Value) -> Result<Request, String> {
         r.stop = stops
             .iter()
             .map(|s| {
-                s.as_str()
-                    .map(str::to_owned)
-                    .ok_or_else(|| "`stop_sequences` must be an array of strings".to_owned())
+                s.as_str().map(str::to_owned).ok_or_else(|| {
+                    ProtocolError::invalid("stop_sequences", "must be an array of strings")
+                })
             })
             .collect::<Result<_, _>>()?;
     }
@@ -99,7 +102,7 @@ pub fn parse_request_value(v: &Value) -> Result<Request, String> {
             "enabled" => {
                 let budget = t
                     .u32("budget_tokens")?
-                    .ok_or("`thinking.budget_tokens` is required")?;
+                    .ok_or_else(|| t.missing("budget_tokens"))?;
                 r.reasoning = Some(Reasoning {
                     budget_tokens: Some(budget),
                     ..Default::default()
@@ -115,7 +118,7 @@ pub fn parse_request_value(v: &Value) -> Result<Request, String> {
     Ok(r)
 }
 
-fn system(body: &Obj) -> Result<Option<Message>, String> {
+fn system(body: &Obj) -> Result<Option<Message>, ProtocolError> {
     let content = match body.get("system") {
         None => return Ok(None),
         Some(Value::String(s)) => vec![Part::text(s.as_str())],
@@ -125,7 +128,7 @@ fn system(body: &Obj) -> Result<Option<Message>, String> {
                 let path = format!("system[{i}]");
                 let b = Obj::at(b, &path)?;
                 if b.req_str("type")? != "text" {
-                    return Err(format!("`{path}.type` must be `text`"));
+                    return Err(ProtocolError::invalid(b.path("type"), "must be `text`"));
                 }
                 parts.push(Part::Text {
                     text: b.str("text")?.unwrap_or("").to_owned(),
@@ -135,9 +138,10 @@ fn system(body: &Obj) -> Result<Option<Message>, String> {
             parts
         }
         Some(other) => {
-            return Err(format!(
-                "`system` must be a string or an array of text blocks, not {}",
-                kind(other)
+            return Err(ProtocolError::wrong_type(
+                "system",
+                "a string or an array of text blocks",
+                other,
             ));
         }
     };
@@ -150,15 +154,16 @@ fn system(body: &Obj) -> Result<Option<Message>, String> {
 
 /// Appends the IR messages of one Anthropic message: a user message's `tool_result` blocks become
 /// a `Tool` message ahead of the rest.
-fn message(i: usize, v: &Value, out: &mut Vec<Message>) -> Result<(), String> {
+fn message(i: usize, v: &Value, out: &mut Vec<Message>) -> Result<(), ProtocolError> {
     let path = format!("messages[{i}]");
     let m = Obj::at(v, &path)?;
     let role = match m.req_str("role")? {
         "user" => Role::User,
         "assistant" => Role::Assistant,
         other => {
-            return Err(format!(
-                "`{path}.role` must be user or assistant; not `{other}`"
+            return Err(ProtocolError::invalid(
+                m.path("role"),
+                format!("must be user or assistant; not `{other}`"),
             ));
         }
     };
@@ -170,11 +175,12 @@ fn message(i: usize, v: &Value, out: &mut Vec<Message>) -> Result<(), String> {
             .enumerate()
             .map(|(j, b)| block(b, &format!("{content_path}[{j}]"), role))
             .collect::<Result<_, _>>()?,
-        None => return Err(format!("`{content_path}` is required")),
+        None => return Err(m.missing("content")),
         Some(other) => {
-            return Err(format!(
-                "`{content_path}` must be a string or an array of content blocks, not {}",
-                kind(other)
+            return Err(ProtocolError::wrong_type(
+                content_path,
+                "a string or an array of content blocks",
+                other,
             ));
         }
     };
@@ -199,7 +205,7 @@ fn message(i: usize, v: &Value, out: &mut Vec<Message>) -> Result<(), String> {
     Ok(())
 }
 
-fn block(v: &Value, path: &str, role: Role) -> Result<Part, String> {
+fn block(v: &Value, path: &str, role: Role) -> Result<Part, ProtocolError> {
     let b = Obj::at(v, path)?;
     let kind = b.req_str("type")?;
     let cache_control = b.get("cache_control").cloned();
@@ -213,13 +219,16 @@ fn block(v: &Value, path: &str, role: Role) -> Result<Part, String> {
             )
     );
     if !allowed {
-        return Err(format!(
-            "`{path}.type` `{kind}` is not supported in a {} message (text, image, tool_use, tool_result, thinking)",
-            if role == Role::User {
-                "user"
-            } else {
-                "assistant"
-            }
+        return Err(ProtocolError::unsupported(
+            b.path("type"),
+            format!(
+                "`{kind}` is not supported in a {} message (text, image, tool_use, tool_result, thinking)",
+                if role == Role::User {
+                    "user"
+                } else {
+                    "assistant"
+                }
+            ),
         ));
     }
     match kind {
@@ -264,8 +273,11 @@ fn block(v: &Value, path: &str, role: Role) -> Result<Part, String> {
                                 parts.push(image(&item, item.get("cache_control").cloned())?)
                             }
                             other => {
-                                return Err(format!(
-                                    "`{item_path}.type` `{other}` is not supported in a tool result (text, image)"
+                                return Err(ProtocolError::unsupported(
+                                    item.path("type"),
+                                    format!(
+                                        "`{other}` is not supported in a tool result (text, image)"
+                                    ),
                                 ));
                             }
                         }
@@ -273,9 +285,10 @@ fn block(v: &Value, path: &str, role: Role) -> Result<Part, String> {
                     parts
                 }
                 Some(other) => {
-                    return Err(format!(
-                        "`{path}.content` must be a string or an array of blocks, not {}",
-                        json::kind(other)
+                    return Err(ProtocolError::wrong_type(
+                        b.path("content"),
+                        "a string or an array of blocks",
+                        other,
                     ));
                 }
             };
@@ -289,13 +302,9 @@ fn block(v: &Value, path: &str, role: Role) -> Result<Part, String> {
     }
 }
 
-fn image(b: &Obj, cache_control: Option<Value>) -> Result<Part, String> {
+fn image(b: &Obj, cache_control: Option<Value>) -> Result<Part, ProtocolError> {
     let s_path = b.path("source");
-    let s = Obj::at(
-        b.get("source")
-            .ok_or_else(|| format!("`{s_path}` is required"))?,
-        &s_path,
-    )?;
+    let s = Obj::at(b.get("source").ok_or_else(|| b.missing("source"))?, &s_path)?;
     let source = match s.req_str("type")? {
         "base64" => ImageSource::Base64 {
             media_type: s.req_str("media_type")?.to_owned(),
@@ -303,8 +312,9 @@ fn image(b: &Obj, cache_control: Option<Value>) -> Result<Part, String> {
         },
         "url" => ImageSource::Url(s.req_str("url")?.to_owned()),
         other => {
-            return Err(format!(
-                "`{s_path}.type` `{other}` is not supported (base64, url)"
+            return Err(ProtocolError::unsupported(
+                s.path("type"),
+                format!("`{other}` is not supported (base64, url)"),
             ));
         }
     };
@@ -315,7 +325,7 @@ fn image(b: &Obj, cache_control: Option<Value>) -> Result<Part, String> {
     })
 }
 
-fn tools(body: &Obj) -> Result<Vec<Tool>, String> {
+fn tools(body: &Obj) -> Result<Vec<Tool>, ProtocolError> {
     let Some(raw) = body.array("tools")? else {
         return Ok(Vec::new());
     };
@@ -326,8 +336,11 @@ fn tools(body: &Obj) -> Result<Vec<Tool>, String> {
         match t.str("type")? {
             None | Some("custom") => {}
             Some(other) => {
-                return Err(format!(
-                    "`{path}.type` `{other}` is not supported; only client tools with `input_schema` are"
+                return Err(ProtocolError::unsupported(
+                    t.path("type"),
+                    format!(
+                        "`{other}` is not supported; only client tools with `input_schema` are"
+                    ),
                 ));
             }
         }
@@ -337,7 +350,7 @@ fn tools(body: &Obj) -> Result<Vec<Tool>, String> {
             parameters: t
                 .get("input_schema")
                 .cloned()
-                .ok_or_else(|| format!("`{path}.input_schema` is required"))?,
+                .ok_or_else(|| t.missing("input_schema"))?,
             strict: None,
             cache_control: t.get("cache_control").cloned(),
         });
@@ -578,89 +591,4 @@ pub(super) fn arguments_object(arguments: &str) -> Value {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn build(r: &Request) -> Value {
-        serde_json::from_slice(&build_request(r, "claude")).unwrap()
-    }
-
-    #[test]
-    fn tool_results_split_into_a_tool_message_and_merge_back() {
-        let body = br#"{"model":"m","max_tokens":10,"messages":[
-            {"role":"user","content":"weather?"},
-            {"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"w","input":{"c":"P"}}]},
-            {"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"sunny"},{"type":"text","text":"thanks"}]}]}"#;
-        let r = parse_request(body).unwrap();
-        let roles: Vec<Role> = r.messages.iter().map(|m| m.role).collect();
-        assert_eq!(roles, [Role::User, Role::Assistant, Role::Tool, Role::User]);
-        let b = build(&r);
-        assert_eq!(b["messages"].as_array().unwrap().len(), 3);
-        assert_eq!(b["messages"][2]["content"][0]["type"], "tool_result");
-        assert_eq!(b["messages"][2]["content"][1]["text"], "thanks");
-        assert_eq!(b["messages"][1]["content"][0]["input"], json!({"c": "P"}));
-    }
-
-    #[test]
-    fn thinking_budget_fits_under_max_tokens() {
-        let mut r = parse_request(
-            br#"{"model":"m","max_tokens":2000,"messages":[{"role":"user","content":"x"}],"thinking":{"type":"enabled","budget_tokens":4000}}"#,
-        )
-        .unwrap();
-        assert_eq!(build(&r)["thinking"]["budget_tokens"], 1999);
-        r.max_output_tokens = None;
-        let b = build(&r);
-        assert_eq!(b["thinking"]["budget_tokens"], 4000);
-        assert_eq!(b["max_tokens"], DEFAULT_MAX_TOKENS);
-        r.reasoning = Some(Reasoning {
-            budget_tokens: Some(10_000),
-            ..Default::default()
-        });
-        let b = build(&r);
-        assert_eq!(b["thinking"]["budget_tokens"], 10_000);
-        assert_eq!(b["max_tokens"], 10_000 + DEFAULT_MAX_TOKENS);
-        r.max_output_tokens = Some(500);
-        assert!(build(&r).get("thinking").is_none());
-    }
-
-    #[test]
-    fn unknown_thinking_modes_pass_through_to_anthropic_only() {
-        let r = parse_request(
-            br#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"}],"thinking":{"type":"adaptive"},"service_tier":"auto"}"#,
-        )
-        .unwrap();
-        assert!(r.reasoning.is_none());
-        let b = build(&r);
-        assert_eq!(b["thinking"]["type"], "adaptive");
-        assert_eq!(b["service_tier"], "auto");
-    }
-
-    #[test]
-    fn rejects_blocks_it_cannot_translate() {
-        for (body, reason) in [
-            (
-                r#"{"model":"m","messages":[{"role":"user","content":"x"}]}"#,
-                "`max_tokens` is required",
-            ),
-            (
-                r#"{"model":"m","max_tokens":1,"messages":[{"role":"user","content":[{"type":"document","source":{}}]}]}"#,
-                "`messages[0].content[0].type` `document` is not supported",
-            ),
-            (
-                r#"{"model":"m","max_tokens":1,"messages":[{"role":"user","content":[{"type":"tool_use","id":"a","name":"b","input":{}}]}]}"#,
-                "not supported in a user message",
-            ),
-            (
-                r#"{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"x"}],"tools":[{"type":"web_search_20250305","name":"web_search"}]}"#,
-                "only client tools",
-            ),
-            (
-                r#"{"model":"m","max_tokens":1,"messages":[{"role":"system","content":"x"}]}"#,
-                "must be user or assistant",
-            ),
-        ] {
-            let err = parse_request(body.as_bytes()).unwrap_err();
-            assert!(err.contains(reason), "{err} should contain {reason}");
-        }
-    }
-}
+mod tests;

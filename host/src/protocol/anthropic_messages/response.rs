@@ -5,16 +5,22 @@ use serde_json::{Value, json};
 use super::request::arguments_object;
 use crate::protocol::ir::{FinishReason, Output, Response, ToolCall, Usage};
 use crate::protocol::json::{self, Obj};
-use crate::protocol::{ids, upstream_error_message};
+use crate::protocol::{ProtocolError, ids};
 
 /// Reads an upstream's non-streaming answer.
-pub fn parse_response(bytes: &[u8]) -> Result<Response, String> {
+pub fn parse_response(bytes: &[u8]) -> Result<Response, ProtocolError> {
+    read_response(bytes).map_err(ProtocolError::in_response)
+}
+
+fn read_response(bytes: &[u8]) -> Result<Response, ProtocolError> {
     let v = json::parse(bytes)?;
     let body = Obj::body(&v)?;
     if body.str("type")? == Some("error") {
-        return Err(upstream_error_message(body.get("error").unwrap_or(&v)));
+        return Err(ProtocolError::upstream(body.get("error").unwrap_or(&v)));
     }
-    let content = body.array("content")?.ok_or("`content` is required")?;
+    let content = body
+        .array("content")?
+        .ok_or_else(|| body.missing("content"))?;
     let mut output = Vec::with_capacity(content.len());
     for (i, b) in content.iter().enumerate() {
         let path = format!("content[{i}]");
@@ -174,7 +180,8 @@ mod tests {
         let err = parse_response(
             br#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("Overloaded"));
     }
 }

@@ -2,12 +2,13 @@
 
 use serde_json::{Map, Value, json};
 
-use crate::protocol::Dialect;
 use crate::protocol::ir::{
-    Effort, ImageSource, Message, Part, Reasoning, Request, ResponseFormat, Role, Tool, ToolCall,
-    ToolChoice, ToolResult,
+    Effort, Message, Part, Reasoning, Request, ResponseFormat, Role, Tool, ToolCall, ToolChoice,
+    ToolResult,
 };
-use crate::protocol::json::{self, Obj, kind, put};
+use crate::protocol::json::{self, Obj, put};
+use crate::protocol::openai_parts::{Parts, content};
+use crate::protocol::{Dialect, ProtocolError};
 
 /// Top-level fields the IR models; everything else goes to `Request::extra`.
 ///
@@ -35,19 +36,19 @@ const MODELED: &[&str] = &[
 ];
 
 /// Parses and validates a client's Chat Completions body.
-pub fn parse_request(bytes: &[u8]) -> Result<Request, String> {
+pub fn parse_request(bytes: &[u8]) -> Result<Request, ProtocolError> {
     parse_request_value(&json::parse(bytes)?)
 }
 
 /// [`parse_request`] of a body already parsed as JSON (the gateway keeps the parsed body for
 /// pass-through, so it parses once).
-pub fn parse_request_value(v: &Value) -> Result<Request, String> {
+pub fn parse_request_value(v: &Value) -> Result<Request, ProtocolError> {
     let body = Obj::body(v)?;
     let model = body.req_str("model")?;
     let raw_messages = match body.array("messages")? {
         Some(m) if !m.is_empty() => m,
-        Some(_) => return Err("`messages` must not be empty".into()),
-        None => return Err("`messages` is required".into()),
+        Some(_) => return Err(ProtocolError::invalid("messages", "must not be empty")),
+        None => return Err(ProtocolError::missing("messages")),
     };
     let mut messages = Vec::with_capacity(raw_messages.len());
     for (i, m) in raw_messages.iter().enumerate() {
@@ -70,8 +71,9 @@ pub fn parse_request_value(v: &Value) -> Result<Request, String> {
     r.response_format = response_format(&body)?;
     if let Some(e) = body.str("reasoning_effort")? {
         let effort = Effort::parse(e).ok_or_else(|| {
-            format!(
-                "`reasoning_effort` must be none, minimal, low, medium, high or xhigh; not `{e}`"
+            ProtocolError::invalid(
+                "reasoning_effort",
+                format!("must be none, minimal, low, medium, high or xhigh; not `{e}`"),
             )
         })?;
         r.reasoning = Some(Reasoning {
@@ -88,7 +90,7 @@ pub fn parse_request_value(v: &Value) -> Result<Request, String> {
     Ok(r)
 }
 
-fn message(i: usize, v: &Value) -> Result<Message, String> {
+fn message(i: usize, v: &Value) -> Result<Message, ProtocolError> {
     let path = format!("messages[{i}]");
     let m = Obj::at(v, &path)?;
     let role = m.req_str("role")?;
@@ -101,10 +103,10 @@ fn message(i: usize, v: &Value) -> Result<Message, String> {
                 "developer" => Role::Developer,
                 _ => Role::User,
             };
-            (role, content(m.get("content"), &content_path)?)
+            (role, content(m.get("content"), &content_path, Parts::Chat)?)
         }
         "assistant" => {
-            let mut parts = content(m.get("content"), &content_path)?;
+            let mut parts = content(m.get("content"), &content_path, Parts::Chat)?;
             if let Some(refusal) = m.str("refusal")? {
                 parts.push(Part::text(refusal));
             }
@@ -120,7 +122,7 @@ fn message(i: usize, v: &Value) -> Result<Message, String> {
         }
         "tool" => {
             let tool_call_id = m.req_str("tool_call_id")?.to_owned();
-            let content = content(m.get("content"), &content_path)?;
+            let content = content(m.get("content"), &content_path, Parts::Chat)?;
             (
                 Role::Tool,
                 vec![Part::ToolResult(ToolResult {
@@ -132,13 +134,15 @@ fn message(i: usize, v: &Value) -> Result<Message, String> {
             )
         }
         "function" => {
-            return Err(format!(
-                "`{path}.role` `function` (legacy function calling) is not supported; use `tools` and role `tool`"
+            return Err(ProtocolError::unsupported(
+                format!("{path}.role"),
+                "`function` (legacy function calling) is not supported; use `tools` and role `tool`",
             ));
         }
         other => {
-            return Err(format!(
-                "`{path}.role` must be system, developer, user, assistant or tool; not `{other}`"
+            return Err(ProtocolError::invalid(
+                format!("{path}.role"),
+                format!("must be system, developer, user, assistant or tool; not `{other}`"),
             ));
         }
     };
@@ -149,79 +153,11 @@ fn message(i: usize, v: &Value) -> Result<Message, String> {
     })
 }
 
-fn content(v: Option<&Value>, path: &str) -> Result<Vec<Part>, String> {
-    match v {
-        None => Ok(Vec::new()),
-        Some(Value::String(s)) => Ok(vec![Part::text(s.as_str())]),
-        Some(Value::Array(parts)) => parts
-            .iter()
-            .enumerate()
-            .map(|(j, p)| part(p, &format!("{path}[{j}]")))
-            .collect(),
-        Some(other) => Err(format!(
-            "`{path}` must be a string or an array of parts, not {}",
-            kind(other)
-        )),
-    }
-}
-
-fn part(v: &Value, path: &str) -> Result<Part, String> {
-    let p = Obj::at(v, path)?;
-    let kind = p.req_str("type")?;
-    match kind {
-        "text" => Ok(Part::text(p.str("text")?.unwrap_or(""))),
-        "refusal" => Ok(Part::text(p.str("refusal")?.unwrap_or(""))),
-        "image_url" => {
-            // The spec nests `{url, detail}`; a bare string is a common client shortcut.
-            let (url, detail) = match p.get("image_url") {
-                Some(Value::String(u)) => (u.as_str(), None),
-                Some(inner) => {
-                    let path = p.path("image_url");
-                    let o = Obj::at(inner, &path)?;
-                    (o.req_str("url")?, o.str("detail")?.map(str::to_owned))
-                }
-                None => return Err(format!("`{}` is required", p.path("image_url"))),
-            };
-            Ok(Part::Image {
-                source: ImageSource::from_url(url),
-                detail,
-                cache_control: None,
-            })
-        }
-        "input_audio" => {
-            let inner = p
-                .get("input_audio")
-                .ok_or_else(|| format!("`{}` is required", p.path("input_audio")))?;
-            let path = p.path("input_audio");
-            let o = Obj::at(inner, &path)?;
-            Ok(Part::Audio {
-                data: o.req_str("data")?.to_owned(),
-                format: o.req_str("format")?.to_owned(),
-            })
-        }
-        "video_url" => {
-            let url = match p.get("video_url") {
-                Some(Value::String(u)) => u.clone(),
-                Some(inner) => {
-                    let path = p.path("video_url");
-                    Obj::at(inner, &path)?.req_str("url")?.to_owned()
-                }
-                None => return Err(format!("`{}` is required", p.path("video_url"))),
-            };
-            Ok(Part::Video { url })
-        }
-        other => Err(format!(
-            "`{path}.type` `{other}` is not supported (text, image_url, input_audio, video_url, refusal)"
-        )),
-    }
-}
-
-fn tool_call(v: &Value, path: &str) -> Result<ToolCall, String> {
+fn tool_call(v: &Value, path: &str) -> Result<ToolCall, ProtocolError> {
     let c = Obj::at(v, path)?;
     let f_path = c.path("function");
     let f = Obj::at(
-        c.get("function")
-            .ok_or_else(|| format!("`{f_path}` is required"))?,
+        c.get("function").ok_or_else(|| c.missing("function"))?,
         &f_path,
     )?;
     Ok(ToolCall {
@@ -240,7 +176,7 @@ pub(super) fn arguments_text(v: Option<&Value>) -> String {
     }
 }
 
-fn tools(body: &Obj) -> Result<Vec<Tool>, String> {
+fn tools(body: &Obj) -> Result<Vec<Tool>, ProtocolError> {
     let Some(raw) = body.array("tools")? else {
         return Ok(Vec::new());
     };
@@ -251,15 +187,15 @@ fn tools(body: &Obj) -> Result<Vec<Tool>, String> {
         match t.str("type")? {
             Some("function") | None => {}
             Some(other) => {
-                return Err(format!(
-                    "`{path}.type` `{other}` is not supported; only `function` tools are"
+                return Err(ProtocolError::unsupported(
+                    format!("{path}.type"),
+                    format!("`{other}` is not supported; only `function` tools are"),
                 ));
             }
         }
         let f_path = t.path("function");
         let f = Obj::at(
-            t.get("function")
-                .ok_or_else(|| format!("`{f_path}` is required"))?,
+            t.get("function").ok_or_else(|| t.missing("function"))?,
             &f_path,
         )?;
         out.push(Tool {
@@ -278,27 +214,32 @@ pub fn empty_schema() -> Value {
     json!({"type": "object", "properties": {}})
 }
 
-fn tool_choice(body: &Obj) -> Result<Option<ToolChoice>, String> {
+fn tool_choice(body: &Obj) -> Result<Option<ToolChoice>, ProtocolError> {
     match body.get("tool_choice") {
         None => Ok(None),
         Some(Value::String(s)) => match s.as_str() {
             "auto" => Ok(Some(ToolChoice::Auto)),
             "none" => Ok(Some(ToolChoice::None)),
             "required" => Ok(Some(ToolChoice::Required)),
-            other => Err(format!(
-                "`tool_choice` must be auto, none, required or a function; not `{other}`"
+            other => Err(ProtocolError::invalid(
+                "tool_choice",
+                format!("must be auto, none, required or a function; not `{other}`"),
             )),
         },
         Some(v) => {
             let o = Obj::at(v, "tool_choice")?;
             match o.str("type")? {
                 Some("function") => {}
-                _ => return Err("`tool_choice.type` must be `function`".into()),
+                _ => {
+                    return Err(ProtocolError::invalid(
+                        "tool_choice.type",
+                        "must be `function`",
+                    ));
+                }
             }
             let f_path = o.path("function");
             let f = Obj::at(
-                o.get("function")
-                    .ok_or_else(|| format!("`{f_path}` is required"))?,
+                o.get("function").ok_or_else(|| o.missing("function"))?,
                 &f_path,
             )?;
             Ok(Some(ToolChoice::Function(f.req_str("name")?.to_owned())))
@@ -306,26 +247,27 @@ fn tool_choice(body: &Obj) -> Result<Option<ToolChoice>, String> {
     }
 }
 
-fn stop(body: &Obj) -> Result<Vec<String>, String> {
+fn stop(body: &Obj) -> Result<Vec<String>, ProtocolError> {
     match body.get("stop") {
         None => Ok(Vec::new()),
         Some(Value::String(s)) => Ok(vec![s.clone()]),
         Some(Value::Array(a)) => a
             .iter()
             .map(|s| {
-                s.as_str()
-                    .map(str::to_owned)
-                    .ok_or_else(|| "`stop` must be a string or an array of strings".to_owned())
+                s.as_str().map(str::to_owned).ok_or_else(|| {
+                    ProtocolError::invalid("stop", "must be a string or an array of strings")
+                })
             })
             .collect(),
-        Some(other) => Err(format!(
-            "`stop` must be a string or an array of strings, not {}",
-            kind(other)
+        Some(other) => Err(ProtocolError::wrong_type(
+            "stop",
+            "a string or an array of strings",
+            other,
         )),
     }
 }
 
-fn response_format(body: &Obj) -> Result<Option<ResponseFormat>, String> {
+fn response_format(body: &Obj) -> Result<Option<ResponseFormat>, ProtocolError> {
     let Some(v) = body.get("response_format") else {
         return Ok(None);
     };
@@ -337,7 +279,7 @@ fn response_format(body: &Obj) -> Result<Option<ResponseFormat>, String> {
             let s_path = o.path("json_schema");
             let s = Obj::at(
                 o.get("json_schema")
-                    .ok_or_else(|| format!("`{s_path}` is required"))?,
+                    .ok_or_else(|| o.missing("json_schema"))?,
                 &s_path,
             )?;
             Ok(Some(ResponseFormat::JsonSchema {
@@ -347,8 +289,9 @@ fn response_format(body: &Obj) -> Result<Option<ResponseFormat>, String> {
                 strict: s.bool("strict")?,
             }))
         }
-        other => Err(format!(
-            "`response_format.type` must be text, json_object or json_schema; not `{other}`"
+        other => Err(ProtocolError::invalid(
+            "response_format.type",
+            format!("must be text, json_object or json_schema; not `{other}`"),
         )),
     }
 }
@@ -629,7 +572,7 @@ mod tests {
                 "`messages[0].tool_call_id` is required",
             ),
         ] {
-            let err = parse_request(body.as_bytes()).unwrap_err();
+            let err = parse_request(body.as_bytes()).unwrap_err().to_string();
             assert!(err.contains(reason), "{err} should contain {reason}");
         }
     }

@@ -5,23 +5,31 @@ use serde_json::{Map, Value, json};
 use super::request::arguments_text;
 use crate::protocol::ir::{FinishReason, Output, Response, ToolCall, Usage};
 use crate::protocol::json::{self, Obj};
-use crate::protocol::{ids, upstream_error_message};
+use crate::protocol::{ProtocolError, ids};
 
 /// Reads an upstream's non-streaming answer.
-pub fn parse_response(bytes: &[u8]) -> Result<Response, String> {
+pub fn parse_response(bytes: &[u8]) -> Result<Response, ProtocolError> {
+    read_response(bytes).map_err(ProtocolError::in_response)
+}
+
+fn read_response(bytes: &[u8]) -> Result<Response, ProtocolError> {
     let v = json::parse(bytes)?;
     let body = Obj::body(&v)?;
     if let Some(e) = body.get("error") {
-        return Err(upstream_error_message(e));
+        return Err(ProtocolError::upstream(e));
     }
-    let choices = body.array("choices")?.ok_or("`choices` is required")?;
-    let first = choices.first().ok_or("`choices` is empty")?;
+    let choices = body
+        .array("choices")?
+        .ok_or_else(|| body.missing("choices"))?;
+    let first = choices
+        .first()
+        .ok_or_else(|| ProtocolError::invalid("choices", "is empty"))?;
     let choice = Obj::at(first, "choices[0]")?;
     let message_path = choice.path("message");
     let message = Obj::at(
         choice
             .get("message")
-            .ok_or_else(|| format!("`{message_path}` is required"))?,
+            .ok_or_else(|| choice.missing("message"))?,
         &message_path,
     )?;
     let mut output = Vec::new();
@@ -44,10 +52,10 @@ pub fn parse_response(bytes: &[u8]) -> Result<Response, String> {
             .filter_map(|p| p.get("text").and_then(Value::as_str))
             .collect(),
         Some(other) => {
-            return Err(format!(
-                "`{}` must be a string, not {}",
+            return Err(ProtocolError::wrong_type(
                 message.path("content"),
-                json::kind(other)
+                "a string",
+                other,
             ));
         }
     };
@@ -63,8 +71,7 @@ pub fn parse_response(bytes: &[u8]) -> Result<Response, String> {
             let c = Obj::at(c, &path)?;
             let f_path = c.path("function");
             let f = Obj::at(
-                c.get("function")
-                    .ok_or_else(|| format!("`{f_path}` is required"))?,
+                c.get("function").ok_or_else(|| c.missing("function"))?,
                 &f_path,
             )?;
             output.push(Output::ToolCall(ToolCall {
@@ -175,7 +182,7 @@ pub fn build_response(r: &Response, public_model: &str) -> Vec<u8> {
     let body = json!({
         "id": ids::with_prefix(&r.id, "chatcmpl-"),
         "object": "chat.completion",
-        "created": r.created.unwrap_or_else(ids::now),
+        "created": r.created.unwrap_or_else(crate::clock::unix_secs),
         "model": public_model,
         "choices": [{
             "index": 0,
@@ -213,11 +220,13 @@ mod tests {
         assert!(
             parse_response(br#"{"error":{"message":"boom"}}"#)
                 .unwrap_err()
+                .to_string()
                 .contains("boom")
         );
         assert!(
             parse_response(br#"{"choices":[]}"#)
                 .unwrap_err()
+                .to_string()
                 .contains("empty")
         );
     }

@@ -311,7 +311,7 @@ impl StreamEncoder {
         Self {
             public_model: public_model.to_owned(),
             id: String::new(),
-            created: ids::now(),
+            created: crate::clock::unix_secs(),
             started: false,
             had_tool_calls: false,
             include_usage: true,

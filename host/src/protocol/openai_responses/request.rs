@@ -2,13 +2,14 @@
 
 use serde_json::{Map, Value, json};
 
-use crate::protocol::Dialect;
 use crate::protocol::ir::{
-    Effort, ImageSource, Message, Part, Reasoning, Request, ResponseFormat, Role, Tool, ToolCall,
-    ToolChoice, ToolResult,
+    Effort, Message, Part, Reasoning, Request, ResponseFormat, Role, Tool, ToolCall, ToolChoice,
+    ToolResult,
 };
-use crate::protocol::json::{self, Obj, kind, put};
+use crate::protocol::json::{self, Obj, put};
 use crate::protocol::openai_chat::empty_schema;
+use crate::protocol::openai_parts::{Parts, content};
+use crate::protocol::{Dialect, ProtocolError};
 
 /// The smallest `max_output_tokens` the Responses API accepts.
 const MIN_OUTPUT_TOKENS: u32 = 16;
@@ -34,32 +35,36 @@ const MODELED: &[&str] = &[
 const STATELESS: &str = "this gateway is stateless: send the whole conversation in `input`";
 
 /// Parses and validates a client's Responses body.
-pub fn parse_request(bytes: &[u8]) -> Result<Request, String> {
+pub fn parse_request(bytes: &[u8]) -> Result<Request, ProtocolError> {
     parse_request_value(&json::parse(bytes)?)
 }
 
 /// [`parse_request`] of a body already parsed as JSON (the gateway keeps the parsed body for
 /// pass-through, so it parses once).
-pub fn parse_request_value(v: &Value) -> Result<Request, String> {
+pub fn parse_request_value(v: &Value) -> Result<Request, ProtocolError> {
     let body = Obj::body(v)?;
     let model = body.req_str("model")?;
     if body.has("previous_response_id") {
-        return Err(format!(
-            "`previous_response_id` is not supported; {STATELESS}"
+        return Err(ProtocolError::unsupported(
+            "previous_response_id",
+            format!("is not supported; {STATELESS}"),
         ));
     }
     if body.has("conversation") {
-        return Err(format!("`conversation` is not supported; {STATELESS}"));
+        return Err(ProtocolError::unsupported(
+            "conversation",
+            format!("is not supported; {STATELESS}"),
+        ));
     }
     let mut messages = Vec::new();
     if let Some(instructions) = body.str("instructions")? {
         messages.push(Message::text(Role::System, instructions));
     }
     match body.get("input") {
-        None => return Err("`input` is required".into()),
+        None => return Err(ProtocolError::missing("input")),
         Some(Value::String(s)) => messages.push(Message::text(Role::User, s.as_str())),
         Some(Value::Array(items)) if items.is_empty() => {
-            return Err("`input` must not be empty".into());
+            return Err(ProtocolError::invalid("input", "must not be empty"));
         }
         Some(Value::Array(items)) => {
             for (i, item) in items.iter().enumerate() {
@@ -67,9 +72,10 @@ pub fn parse_request_value(v: &Value) -> Result<Request, String> {
             }
         }
         Some(other) => {
-            return Err(format!(
-                "`input` must be a string or an array of items, not {}",
-                kind(other)
+            return Err(ProtocolError::wrong_type(
+                "input",
+                "a string or an array of items",
+                other,
             ));
         }
     }
@@ -91,8 +97,9 @@ pub fn parse_request_value(v: &Value) -> Result<Request, String> {
         let effort = match o.str("effort")? {
             None => None,
             Some(e) => Some(Effort::parse(e).ok_or_else(|| {
-                format!(
-                    "`reasoning.effort` must be none, minimal, low, medium, high or xhigh; not `{e}`"
+                ProtocolError::invalid(
+                    "reasoning.effort",
+                    format!("must be none, minimal, low, medium, high or xhigh; not `{e}`"),
                 )
             })?),
         };
@@ -113,12 +120,12 @@ pub fn parse_request_value(v: &Value) -> Result<Request, String> {
 
 /// Appends one input item: a message, or a function call / output / reasoning that joins the
 /// assistant or tool message before it.
-fn input_item(v: &Value, path: &str, out: &mut Vec<Message>) -> Result<(), String> {
+fn input_item(v: &Value, path: &str, out: &mut Vec<Message>) -> Result<(), ProtocolError> {
     let item = Obj::at(v, path)?;
     let kind = match item.str("type")? {
         Some(k) => k,
         None if item.has("role") => "message",
-        None => return Err(format!("`{path}.type` is required")),
+        None => return Err(item.missing("type")),
     };
     match kind {
         "message" => {
@@ -128,12 +135,13 @@ fn input_item(v: &Value, path: &str, out: &mut Vec<Message>) -> Result<(), Strin
                 "system" => Role::System,
                 "developer" => Role::Developer,
                 other => {
-                    return Err(format!(
-                        "`{path}.role` must be user, assistant, system or developer; not `{other}`"
+                    return Err(ProtocolError::invalid(
+                        item.path("role"),
+                        format!("must be user, assistant, system or developer; not `{other}`"),
                     ));
                 }
             };
-            let content = content(item.get("content"), &item.path("content"))?;
+            let content = content(item.get("content"), &item.path("content"), Parts::Responses)?;
             if role == Role::Assistant {
                 assistant(out).content.extend(content);
             } else {
@@ -153,18 +161,8 @@ fn input_item(v: &Value, path: &str, out: &mut Vec<Message>) -> Result<(), Strin
             assistant(out).content.push(Part::ToolCall(call));
         }
         "function_call_output" => {
-            let output_path = item.path("output");
-            let content = match item.get("output") {
-                None => Vec::new(),
-                Some(Value::String(s)) => vec![Part::text(s.as_str())],
-                Some(v @ Value::Array(_)) => content(Some(v), &output_path)?,
-                Some(other) => {
-                    return Err(format!(
-                        "`{output_path}` must be a string or an array of parts, not {}",
-                        json::kind(other)
-                    ));
-                }
-            };
+            // A string or parts, read exactly like a message's content.
+            let content = content(item.get("output"), &item.path("output"), Parts::Responses)?;
             let result = Part::ToolResult(ToolResult {
                 tool_call_id: item.req_str("call_id")?.to_owned(),
                 content,
@@ -205,13 +203,17 @@ fn input_item(v: &Value, path: &str, out: &mut Vec<Message>) -> Result<(), Strin
             });
         }
         "item_reference" => {
-            return Err(format!(
-                "`{path}.type` `item_reference` is not supported; {STATELESS}"
+            return Err(ProtocolError::unsupported(
+                item.path("type"),
+                format!("`item_reference` is not supported; {STATELESS}"),
             ));
         }
         other => {
-            return Err(format!(
-                "`{path}.type` `{other}` is not supported (message, function_call, function_call_output, reasoning)"
+            return Err(ProtocolError::unsupported(
+                item.path("type"),
+                format!(
+                    "`{other}` is not supported (message, function_call, function_call_output, reasoning)"
+                ),
             ));
         }
     }
@@ -231,59 +233,7 @@ fn assistant(out: &mut Vec<Message>) -> &mut Message {
     &mut out[last]
 }
 
-fn content(v: Option<&Value>, path: &str) -> Result<Vec<Part>, String> {
-    match v {
-        None => Ok(Vec::new()),
-        Some(Value::String(s)) => Ok(vec![Part::text(s.as_str())]),
-        Some(Value::Array(parts)) => parts
-            .iter()
-            .enumerate()
-            .map(|(j, p)| part(p, &format!("{path}[{j}]")))
-            .collect(),
-        Some(other) => Err(format!(
-            "`{path}` must be a string or an array of parts, not {}",
-            kind(other)
-        )),
-    }
-}
-
-fn part(v: &Value, path: &str) -> Result<Part, String> {
-    let p = Obj::at(v, path)?;
-    match p.req_str("type")? {
-        "input_text" | "output_text" | "text" => Ok(Part::text(p.str("text")?.unwrap_or(""))),
-        "refusal" => Ok(Part::text(p.str("refusal")?.unwrap_or(""))),
-        "input_image" => {
-            let Some(url) = p.str("image_url")? else {
-                return Err(format!(
-                    "`{}` is required (uploaded `file_id` images are not supported)",
-                    p.path("image_url")
-                ));
-            };
-            Ok(Part::Image {
-                source: ImageSource::from_url(url),
-                detail: p.str("detail")?.map(str::to_owned),
-                cache_control: None,
-            })
-        }
-        "input_audio" => {
-            let a_path = p.path("input_audio");
-            let a = Obj::at(
-                p.get("input_audio")
-                    .ok_or_else(|| format!("`{a_path}` is required"))?,
-                &a_path,
-            )?;
-            Ok(Part::Audio {
-                data: a.req_str("data")?.to_owned(),
-                format: a.req_str("format")?.to_owned(),
-            })
-        }
-        other => Err(format!(
-            "`{path}.type` `{other}` is not supported (input_text, input_image, input_audio, output_text, refusal)"
-        )),
-    }
-}
-
-fn tools(body: &Obj) -> Result<Vec<Tool>, String> {
+fn tools(body: &Obj) -> Result<Vec<Tool>, ProtocolError> {
     let Some(raw) = body.array("tools")? else {
         return Ok(Vec::new());
     };
@@ -294,8 +244,9 @@ fn tools(body: &Obj) -> Result<Vec<Tool>, String> {
         match t.req_str("type")? {
             "function" => {}
             other => {
-                return Err(format!(
-                    "`{path}.type` `{other}` is not supported; only `function` tools are"
+                return Err(ProtocolError::unsupported(
+                    t.path("type"),
+                    format!("`{other}` is not supported; only `function` tools are"),
                 ));
             }
         }
@@ -310,30 +261,32 @@ fn tools(body: &Obj) -> Result<Vec<Tool>, String> {
     Ok(out)
 }
 
-fn tool_choice(body: &Obj) -> Result<Option<ToolChoice>, String> {
+fn tool_choice(body: &Obj) -> Result<Option<ToolChoice>, ProtocolError> {
     match body.get("tool_choice") {
         None => Ok(None),
         Some(Value::String(s)) => match s.as_str() {
             "auto" => Ok(Some(ToolChoice::Auto)),
             "none" => Ok(Some(ToolChoice::None)),
             "required" => Ok(Some(ToolChoice::Required)),
-            other => Err(format!(
-                "`tool_choice` must be auto, none, required or a function; not `{other}`"
+            other => Err(ProtocolError::invalid(
+                "tool_choice",
+                format!("must be auto, none, required or a function; not `{other}`"),
             )),
         },
         Some(v) => {
             let o = Obj::at(v, "tool_choice")?;
             match o.req_str("type")? {
                 "function" => Ok(Some(ToolChoice::Function(o.req_str("name")?.to_owned()))),
-                other => Err(format!(
-                    "`tool_choice.type` `{other}` is not supported; only `function` is"
+                other => Err(ProtocolError::unsupported(
+                    "tool_choice.type",
+                    format!("`{other}` is not supported; only `function` is"),
                 )),
             }
         }
     }
 }
 
-fn format(f: &Obj) -> Result<ResponseFormat, String> {
+fn format(f: &Obj) -> Result<ResponseFormat, ProtocolError> {
     match f.req_str("type")? {
         "text" => Ok(ResponseFormat::Text),
         "json_object" => Ok(ResponseFormat::JsonObject),
@@ -343,8 +296,9 @@ fn format(f: &Obj) -> Result<ResponseFormat, String> {
             schema: f.get("schema").cloned().unwrap_or_else(empty_schema),
             strict: f.bool("strict")?,
         }),
-        other => Err(format!(
-            "`text.format.type` must be text, json_object or json_schema; not `{other}`"
+        other => Err(ProtocolError::invalid(
+            "text.format.type",
+            format!("must be text, json_object or json_schema; not `{other}`"),
         )),
     }
 }
@@ -560,7 +514,8 @@ mod tests {
     #[test]
     fn stateful_fields_are_rejected() {
         let err = parse_request(br#"{"model":"m","input":"x","previous_response_id":"resp_1"}"#)
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("`previous_response_id` is not supported"),
             "{err}"
@@ -568,7 +523,8 @@ mod tests {
         assert!(err.contains("stateless"));
         let err =
             parse_request(br#"{"model":"m","input":[{"type":"item_reference","id":"msg_1"}]}"#)
-                .unwrap_err();
+                .unwrap_err()
+                .to_string();
         assert!(err.contains("item_reference"));
     }
 

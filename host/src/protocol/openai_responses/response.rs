@@ -5,16 +5,22 @@ use serde_json::{Value, json};
 use super::item_id;
 use crate::protocol::ir::{FinishReason, Output, Response, ToolCall, Usage};
 use crate::protocol::json::{self, Obj};
-use crate::protocol::{ids, upstream_error_message};
+use crate::protocol::{ProtocolError, ids};
 
 /// Reads an upstream's non-streaming answer.
-pub fn parse_response(bytes: &[u8]) -> Result<Response, String> {
+pub fn parse_response(bytes: &[u8]) -> Result<Response, ProtocolError> {
+    read_response(bytes).map_err(ProtocolError::in_response)
+}
+
+fn read_response(bytes: &[u8]) -> Result<Response, ProtocolError> {
     let v = json::parse(bytes)?;
     let body = Obj::body(&v)?;
     if body.str("status")? == Some("failed") || body.has("error") {
-        return Err(upstream_error_message(body.get("error").unwrap_or(&v)));
+        return Err(ProtocolError::upstream(body.get("error").unwrap_or(&v)));
     }
-    let items = body.array("output")?.ok_or("`output` is required")?;
+    let items = body
+        .array("output")?
+        .ok_or_else(|| body.missing("output"))?;
     let mut output = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
         let path = format!("output[{i}]");
@@ -218,7 +224,7 @@ pub fn build_response(r: &Response, public_model: &str) -> Vec<u8> {
     let (status, details) = status_of(&r.effective_finish());
     let body = response_object(
         &id,
-        r.created.unwrap_or_else(ids::now),
+        r.created.unwrap_or_else(crate::clock::unix_secs),
         public_model,
         status,
         output,
@@ -237,7 +243,8 @@ mod tests {
         let err = parse_response(
             br#"{"id":"resp_1","object":"response","status":"failed","error":{"code":"server_error","message":"boom"},"output":[]}"#,
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("boom"));
         let r = parse_response(
             br#"{"id":"resp_1","object":"response","status":"incomplete","incomplete_details":{"reason":"max_output_tokens"},

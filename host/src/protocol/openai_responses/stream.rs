@@ -234,7 +234,7 @@ impl StreamEncoder {
         Self {
             public_model: public_model.to_owned(),
             id: String::new(),
-            created_at: ids::now(),
+            created_at: crate::clock::unix_secs(),
             sequence: 0,
             started: false,
             closed: false,

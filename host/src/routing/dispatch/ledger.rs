@@ -206,7 +206,7 @@ impl AttemptSink for AttemptLedger {
                     cached_prompt_tokens: end.usage.cached_input_tokens,
                     status: end.status,
                     strategy_metadata,
-                    now_ms: super::super::unix_ms(),
+                    now_ms: crate::clock::unix_ms(),
                 },
             );
         }

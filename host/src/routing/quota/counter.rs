@@ -24,7 +24,7 @@ pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn now_ms(&self) -> u64 {
-        crate::routing::unix_ms()
+        crate::clock::unix_ms()
     }
 
     fn local_date(&self, ms: u64) -> NaiveDate {

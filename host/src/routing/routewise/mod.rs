@@ -176,7 +176,7 @@ impl RouteWiseHost {
             if !settings.enabled {
                 continue;
             }
-            let now = crate::routing::unix_ms();
+            let now = crate::clock::unix_ms();
             let mut report = BootstrapReport {
                 at_ms: now,
                 settings,

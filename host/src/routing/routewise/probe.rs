@@ -162,7 +162,7 @@ pub async fn probe(client: &UpstreamClient, route: &RouteConfig) -> (Observation
             ir::Usage::default(),
         ),
     };
-    let now_ms = crate::routing::unix_ms();
+    let now_ms = crate::clock::unix_ms();
     let (success, status, error) = match outcome {
         Ok(()) => (true, 200, None),
         Err(e) => (false, e.status(), Some(e.to_string())),
@@ -233,7 +233,7 @@ where
             let Some(table) = table() else {
                 return;
             };
-            let now = crate::routing::unix_ms();
+            let now = crate::clock::unix_ms();
             for model in table.models() {
                 if model.router.strategy.name != super::STRATEGY || !model.config.published {
                     continue;

@@ -1,0 +1,138 @@
+//! The validated, runtime form of the config: what the rest of the host reads.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::{Capability, DefaultAuth, ProviderKind, raw};
+
+/// The validated, runtime form of the config.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file this config came from; relative paths inside it resolve against its folder.
+    pub source: PathBuf,
+    pub server: ServerConfig,
+    pub database_url: String,
+    pub strategies: StrategiesConfig,
+    pub routing: RoutingConfig,
+    pub upstream: UpstreamConfig,
+    pub health: crate::routing::health::HealthConfig,
+    pub models: Vec<ModelConfig>,
+    /// Inbound routes declared in the file, validated like the database's (ids `yaml:NAME`).
+    pub routes: Vec<crate::store::model::Route>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub listen: String,
+    pub admin_token: Option<String>,
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// Authentication of the implicit `/` route (no route declared anywhere).
+    pub default_auth: DefaultAuth,
+    /// `max_attempts` of the implicit route.
+    pub default_max_attempts: usize,
+    pub max_body_bytes: usize,
+}
+
+/// The strategy of models that exist only in the database.
+#[derive(Debug, Clone)]
+pub struct DatabaseModelsConfig {
+    pub router: String,
+    pub router_params: serde_json::Value,
+}
+
+#[derive(Debug, Clone)]
+pub struct StrategiesConfig {
+    pub dir: Option<PathBuf>,
+    pub builtin_dir: Option<PathBuf>,
+    pub call_timeout: Duration,
+    pub memory_limit_bytes: usize,
+    pub tick_interval: Option<Duration>,
+}
+
+#[derive(Debug, Clone)]
+pub struct RoutingConfig {
+    pub default_router: String,
+    pub public_routing_endpoint: bool,
+    pub local_fraction: Option<f64>,
+    pub health_check: Option<HealthCheckConfig>,
+    pub affinity: crate::routing::affinity::AffinityConfig,
+    pub prefill: crate::routing::prefill::PrefillConfig,
+    pub database_models: DatabaseModelsConfig,
+    pub key_pools: crate::routing::key_pools::KeyPoolConfig,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct HealthCheckConfig {
+    pub interval: Duration,
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct UpstreamConfig {
+    pub connect_timeout: Duration,
+    pub first_byte_timeout: Duration,
+    pub request_timeout: Duration,
+}
+
+/// One public model and its routes, in declared order.
+#[derive(Debug, Clone)]
+pub struct ModelConfig {
+    pub id: String,
+    pub aliases: Vec<String>,
+    pub router: String,
+    pub router_params: serde_json::Value,
+    pub published: bool,
+    pub routes: Vec<RouteConfig>,
+}
+
+/// One upstream a model can be served by.
+#[derive(Debug, Clone)]
+pub struct RouteConfig {
+    /// Position in the model's `route:` list.
+    pub index: u32,
+    /// `{model_id}:{location}`: the key of health, latency profiles and logs.
+    pub endpoint_id: String,
+    pub kind: ProviderKind,
+    /// Without a trailing slash; paths such as `/chat/completions` are appended.
+    pub base_url: String,
+    pub provider_model_id: String,
+    pub api_key: Option<String>,
+    /// The effective weight: declared, then rewritten by policy, overrides, disables and health
+    /// checks (see `routing::policy`).
+    pub weight: f64,
+    /// The weight written in the config.
+    pub declared_weight: f64,
+    /// Why `weight` is 0, when it was set to 0 by something other than the config.
+    pub weight_note: Option<&'static str>,
+    pub priority: i32,
+    /// The upstream group (`default` unless declared); callers limited to other groups skip it.
+    pub group: String,
+    /// The least role a caller needs for this route's key: the strictest declaration of the
+    /// key anywhere (YAML, database key, reservation by hash).
+    pub min_role: crate::store::model::Role,
+    /// The key pool slot this route stands for; `None` without a key.
+    pub key: Option<PoolKey>,
+    pub input_modalities: Vec<String>,
+    pub pricing: Option<raw::RawPricing>,
+    pub local_deployment: bool,
+    pub metadata: serde_json::Map<String, serde_json::Value>,
+    /// The inbound calls this route serves.
+    pub capabilities: Vec<Capability>,
+}
+
+/// One key of a pool: every key of an upstream (or of a YAML route's `api_key`/`api_keys`) is a
+/// candidate of its own; the pool ties them together for reservations, quieting and key affinity.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolKey {
+    /// `{model}:{location}` for a YAML route, `upstream:{id}` for a database upstream.
+    pub pool: String,
+    /// Position in the pool's declaration order (ties among equally reserved keys).
+    pub slot: usize,
+    /// SHA-256 (hex) of the secret: how reservations by hash and quieting find it.
+    pub fingerprint: String,
+    /// The key's own id for logs (`k{slot}` in YAML, the database key id).
+    pub label: String,
+    /// The keys carry their own weights (database `lb_weight`): among equally reserved keys the
+    /// weighted order of the strategy decides instead of declaration order.
+    pub weighted: bool,
+}

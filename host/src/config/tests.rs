@@ -1,0 +1,112 @@
+use std::path::Path;
+use std::time::Duration;
+
+use super::*;
+
+fn load(text: &str) -> Result<Config, ConfigError> {
+    Config::from_yaml(Path::new("test.yaml"), text, &|_| None)
+}
+
+#[test]
+fn unknown_key_names_file_line_and_path() {
+    let err = load(
+        "models:\n  - id: m\n    route:\n      - kind: openai_compat\n        base_url: http://127.0.0.1:9001/v1\n        wieght: 2\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.starts_with("test.yaml:6:"), "{err}");
+    assert!(
+        err.contains("models[0].route[0]: unknown field `wieght`"),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_weight_names_model_and_key() {
+    let err = load(
+        "models:\n  - id: m\n    route:\n      - kind: openai_compat\n        base_url: http://127.0.0.1:9001/v1\n        weight: -1\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert_eq!(
+        err,
+        "test.yaml: models[0] (m).route[0].weight: must be a finite number >= 0, got -1"
+    );
+}
+
+#[test]
+fn duplicate_alias_is_rejected() {
+    let err = load("models:\n  - id: a\n    aliases: [x]\n  - id: b\n    aliases: [x]\n")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("models[1] (b).aliases"), "{err}");
+}
+
+#[test]
+fn health_knobs_come_from_env_then_file_then_defaults() {
+    let text = "health:\n  failure_threshold: 5\n  cooldown_seconds: 2\n";
+    let env = |name: &str| (name == "CIRCUIT_FAILURE_THRESHOLD").then(|| "7".to_owned());
+    let c = Config::from_yaml(Path::new("t.yaml"), text, &env).unwrap();
+    assert_eq!(c.health.failure_threshold, 7, "environment wins");
+    assert_eq!(c.health.cooldown, Duration::from_secs(2), "then the file");
+    assert_eq!(c.health.min_availability, 0.7, "then the default");
+    let bad = |name: &str| (name == "ROUTER_HEALTH_EWMA_ALPHA").then(|| "fast".to_owned());
+    let err = Config::from_yaml(Path::new("t.yaml"), "", &bad)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "t.yaml: environment variable ROUTER_HEALTH_EWMA_ALPHA: `fast` is not a valid value"
+    );
+}
+
+#[test]
+fn defaults_fill_in() {
+    let c = load(
+        "models:\n  - id: m\n    route:\n      - kind: openai_compat\n        base_url: http://127.0.0.1:9001/v1/\n",
+    )
+    .unwrap();
+    assert_eq!(c.models[0].router, "fixed");
+    let r = &c.models[0].routes[0];
+    assert_eq!(r.endpoint_id, "m:local-9001");
+    assert_eq!(r.base_url, "http://127.0.0.1:9001/v1");
+    assert_eq!(r.provider_model_id, "m");
+    assert_eq!(r.weight, 1.0);
+    assert!(r.local_deployment);
+    assert_eq!(r.input_modalities, vec!["text"]);
+}
+
+#[test]
+fn duplicate_locations_get_distinct_endpoint_ids() {
+    let c = load(
+        "models:\n  - id: m\n    route:\n      - kind: anthropic\n        base_url: https://api.anthropic.com\n      - kind: anthropic\n        base_url: https://api.anthropic.com\n",
+    )
+    .unwrap();
+    let ids: Vec<_> = c.models[0]
+        .routes
+        .iter()
+        .map(|r| r.endpoint_id.as_str())
+        .collect();
+    assert_eq!(ids, ["m:anthropic-api", "m:anthropic-api-2"]);
+}
+
+#[test]
+fn every_example_config_parses() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config");
+    let mut seen = 0;
+    let mut stack = vec![root];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let p = entry.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+                let text = std::fs::read_to_string(&p).unwrap();
+                Config::from_yaml(&p, &text, &|_| None)
+                    .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+                seen += 1;
+            }
+        }
+    }
+    assert!(seen >= 1, "no example configs found");
+}
