@@ -9,9 +9,9 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
+use crate::entity::{Role, now};
 use crate::gateway::Gateway;
 use crate::server::admin::{AdminDenied, is_admin};
-use crate::store::model::{Role, now};
 
 /// An authorised management caller. Use it as a handler argument to guard the handler.
 #[derive(Debug, Clone, PartialEq, Eq)]

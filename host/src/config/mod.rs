@@ -66,7 +66,7 @@ pub struct Config {
     pub health: crate::routing::health::HealthConfig,
     pub models: Vec<ModelConfig>,
     /// Inbound routes declared in the file, validated like the database's (ids `yaml:NAME`).
-    pub routes: Vec<crate::store::model::Route>,
+    pub routes: Vec<crate::entity::Route>,
 }
 
 #[derive(Debug, Clone)]
@@ -157,7 +157,7 @@ pub struct RouteConfig {
     pub group: String,
     /// The least role a caller needs for this route's key: the strictest declaration of the
     /// key anywhere (YAML, database key, reservation by hash).
-    pub min_role: crate::store::model::Role,
+    pub min_role: crate::entity::Role,
     /// The key pool slot this route stands for; `None` without a key.
     pub key: Option<PoolKey>,
     pub input_modalities: Vec<String>,
@@ -348,7 +348,7 @@ fn validate(
             let is_loopback = endpoint_id::is_loopback(&url);
             // The pool: `api_key` then `api_keys`, unset ones skipped, a repeated key collapsed
             // into one slot with the strictest role.
-            let mut keys: Vec<(String, crate::store::model::Role)> = Vec::new();
+            let mut keys: Vec<(String, crate::entity::Role)> = Vec::new();
             let declared = r
                 .api_key
                 .iter()
@@ -383,7 +383,7 @@ fn validate(
                     Some("") => return Err(invalid(rat("group"), "must not be empty".into())),
                     Some(g) => g.to_owned(),
                 },
-                min_role: crate::store::model::Role::Free,
+                min_role: crate::entity::Role::Free,
                 key: None,
                 input_modalities: r.input_modalities.unwrap_or_else(|| vec!["text".into()]),
                 pricing: r.pricing,
@@ -411,7 +411,7 @@ fn validate(
                     key: Some(PoolKey {
                         pool: endpoint_id.clone(),
                         slot,
-                        fingerprint: crate::store::model::hash_secret(&key),
+                        fingerprint: crate::entity::hash_secret(&key),
                         label: format!("k{slot}"),
                         weighted: false,
                     }),
@@ -481,15 +481,10 @@ fn validate(
         let at = |field: &str| format!("routes[{i}] ({name}).{field}");
         let route = r
             .into_route(format!("yaml:{name}"), 0)
-            .map_err(|e| match e {
-                crate::store::StoreError::Invalid { field, message } => {
-                    invalid(at(&field), message)
-                }
-                other => invalid(at("name"), other.to_string()),
-            })?;
+            .map_err(|e| invalid(at(&e.field), e.message))?;
         if routes
             .iter()
-            .any(|r: &crate::store::model::Route| r.name == route.name)
+            .any(|r: &crate::entity::Route| r.name == route.name)
         {
             return Err(invalid(at("name"), "another route has this name".into()));
         }
