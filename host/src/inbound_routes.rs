@@ -11,8 +11,8 @@
 use std::collections::BTreeMap;
 
 use crate::config::{Config, DefaultAuth};
+use crate::entity::{ProtocolTransformation, Route};
 use crate::store::Snapshot;
-use crate::store::model::{ProtocolTransformation, Route};
 
 /// How a route authenticates callers, resolved once from its fields in their fixed priority:
 /// `disable_auth`, then `passthrough_auth_token`, then non-empty `legacy_bearer_auth_tokens`,
@@ -256,7 +256,7 @@ impl Endpoint {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::model::NewRoute;
+    use crate::entity::NewRoute;
 
     fn route(name: &str, prefix: &str, extra: serde_json::Value) -> Route {
         let mut body = serde_json::json!({ "name": name, "path_prefix": prefix });

@@ -2,14 +2,16 @@
 //!
 //! The modules follow a request's path: [`server`] (HTTP edge; finds the request's inbound route in
 //! [`inbound_routes`]) → [`protocol`] (parsing) → [`routing`] (route table, selection, dispatch with
-//! fallback) → [`strategy`] (the wasm host that orders routes) → [`upstream`] (talking to
-//! providers); [`store`] keeps logs and state; [`config`] loads the YAML; [`admin`] is the operator's
-//! API; [`mock`] is the simulated upstream used by demos, tests and benchmarks.
+//! fallback) → [`strategy`] (the wasm host that orders routes) → [`upstream`] (one attempt against
+//! one provider); [`store`] keeps logs and state; [`entity`] holds the configuration entities that
+//! the store keeps and the other modules use; [`config`] loads the YAML; [`admin`] is the
+//! operator's API; [`mock`] is the simulated upstream used by demos, tests and benchmarks.
 #![forbid(unsafe_code)]
 
 pub mod admin;
 pub mod clock;
 pub mod config;
+pub mod entity;
 pub mod gateway;
 pub mod inbound_routes;
 pub mod mock;

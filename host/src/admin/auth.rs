@@ -19,9 +19,9 @@ use axum::http::HeaderMap;
 use axum::http::request::Parts;
 
 use super::error::ApiError;
+use crate::entity::{Role, now};
 use crate::gateway::Gateway;
 use crate::server::auth::{bearer, presents_admin_token};
-use crate::store::model::{Role, now};
 
 /// An authorised admin caller. Use it as a handler argument to guard the handler.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -237,7 +237,7 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::model::{NewRoute, NewUpstream};
+    use crate::entity::{NewRoute, NewUpstream};
 
     fn param_of<T: DeserializeOwned + std::fmt::Debug>(body: &str) -> (Option<String>, String) {
         match parse::<T>(body.as_bytes()).unwrap_err() {

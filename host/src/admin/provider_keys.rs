@@ -26,9 +26,9 @@ use utoipa::ToSchema;
 use super::auth::AdminCaller;
 use super::error::{ApiError, Body};
 use super::store;
+use crate::entity::*;
 use crate::gateway::Gateway;
 use crate::store::StoreError;
-use crate::store::model::*;
 
 /// One key of one pool, as the request path uses it.
 #[derive(Debug, Serialize, ToSchema)]

@@ -9,8 +9,8 @@ use axum::http::StatusCode;
 use super::auth::AdminCaller;
 use super::error::{ApiError, Body};
 use super::store;
+use crate::entity::*;
 use crate::gateway::Gateway;
-use crate::store::model::*;
 
 #[utoipa::path(get, path = "/admin/routes", tag = "routes",
     responses((status = 200, body = [Route])))]

@@ -10,8 +10,8 @@ use axum::http::StatusCode;
 use super::auth::AdminCaller;
 use super::error::{ApiError, Body};
 use super::store;
+use crate::entity::*;
 use crate::gateway::Gateway;
-use crate::store::model::*;
 
 #[utoipa::path(get, path = "/admin/providers", tag = "upstreams",
     responses((status = 200, body = [Provider])))]

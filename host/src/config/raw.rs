@@ -23,7 +23,7 @@ pub struct RawConfig {
     pub health: RawHealth,
     /// Inbound routes (path prefixes and their authentication), beside those in the database.
     #[serde(default)]
-    pub routes: Vec<crate::store::model::NewRoute>,
+    pub routes: Vec<crate::entity::NewRoute>,
     #[serde(default)]
     pub models: Vec<RawModel>,
 }
@@ -319,7 +319,7 @@ pub struct RawRoute {
     pub capabilities: Option<Vec<Capability>>,
 }
 
-pub use crate::store::model::Capability;
+pub use crate::entity::Capability;
 
 /// One key of a route's pool.
 #[derive(Debug, Clone, Deserialize)]
@@ -335,20 +335,20 @@ pub struct RawReservedKey {
     pub key: String,
     /// The least role a caller needs to spend this key.
     #[serde(default)]
-    pub min_role: crate::store::model::Role,
+    pub min_role: crate::entity::Role,
 }
 
 impl ProviderKind {
     /// What a provider of this kind serves unless a route says otherwise: the same defaults as a
     /// database provider of the matching protocol.
     pub fn default_capabilities(self) -> Vec<Capability> {
-        crate::store::model::Protocol::from(self).default_capabilities()
+        crate::entity::Protocol::from(self).default_capabilities()
     }
 }
 
-impl From<ProviderKind> for crate::store::model::Protocol {
+impl From<ProviderKind> for crate::entity::Protocol {
     fn from(kind: ProviderKind) -> Self {
-        use crate::store::model::Protocol;
+        use crate::entity::Protocol;
         match kind {
             ProviderKind::OpenaiCompat => Protocol::OpenaiCompat,
             ProviderKind::OpenaiResponses => Protocol::OpenaiResponses,
@@ -357,9 +357,9 @@ impl From<ProviderKind> for crate::store::model::Protocol {
     }
 }
 
-impl From<crate::store::model::Protocol> for ProviderKind {
-    fn from(protocol: crate::store::model::Protocol) -> Self {
-        use crate::store::model::Protocol;
+impl From<crate::entity::Protocol> for ProviderKind {
+    fn from(protocol: crate::entity::Protocol) -> Self {
+        use crate::entity::Protocol;
         match protocol {
             Protocol::OpenaiCompat => ProviderKind::OpenaiCompat,
             Protocol::OpenaiResponses => ProviderKind::OpenaiResponses,

@@ -18,7 +18,7 @@ pub struct Config {
     pub health: crate::routing::health::HealthConfig,
     pub models: Vec<ModelConfig>,
     /// Inbound routes declared in the file, validated like the database's (ids `yaml:NAME`).
-    pub routes: Vec<crate::store::model::Route>,
+    pub routes: Vec<crate::entity::Route>,
 }
 
 #[derive(Debug, Clone)]
@@ -109,7 +109,7 @@ pub struct RouteConfig {
     pub group: String,
     /// The least role a caller needs for this route's key: the strictest declaration of the
     /// key anywhere (YAML, database key, reservation by hash).
-    pub min_role: crate::store::model::Role,
+    pub min_role: crate::entity::Role,
     /// The key pool slot this route stands for; `None` without a key.
     pub key: Option<PoolKey>,
     pub input_modalities: Vec<String>,

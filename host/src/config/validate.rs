@@ -135,7 +135,7 @@ pub(super) fn validate(
             let is_loopback = endpoint_id::is_loopback(&url);
             // The pool: `api_key` then `api_keys`, unset ones skipped, a repeated key collapsed
             // into one slot with the strictest role.
-            let mut keys: Vec<(String, crate::store::model::Role)> = Vec::new();
+            let mut keys: Vec<(String, crate::entity::Role)> = Vec::new();
             let declared = r
                 .api_key
                 .iter()
@@ -170,7 +170,7 @@ pub(super) fn validate(
                     Some("") => return Err(invalid(rat("group"), "must not be empty".into())),
                     Some(g) => g.to_owned(),
                 },
-                min_role: crate::store::model::Role::Free,
+                min_role: crate::entity::Role::Free,
                 key: None,
                 input_modalities: r.input_modalities.unwrap_or_else(|| vec!["text".into()]),
                 pricing: r.pricing,
@@ -198,7 +198,7 @@ pub(super) fn validate(
                     key: Some(PoolKey {
                         pool: endpoint_id.clone(),
                         slot,
-                        fingerprint: crate::store::model::hash_secret(&key),
+                        fingerprint: crate::entity::hash_secret(&key),
                         label: format!("k{slot}"),
                         weighted: false,
                     }),
@@ -268,15 +268,10 @@ pub(super) fn validate(
         let at = |field: &str| format!("routes[{i}] ({name}).{field}");
         let route = r
             .into_route(format!("yaml:{name}"), 0)
-            .map_err(|e| match e {
-                crate::store::StoreError::Invalid { field, message } => {
-                    invalid(at(&field), message)
-                }
-                other => invalid(at("name"), other.to_string()),
-            })?;
+            .map_err(|e| invalid(at(&e.field), e.message))?;
         if routes
             .iter()
-            .any(|r: &crate::store::model::Route| r.name == route.name)
+            .any(|r: &crate::entity::Route| r.name == route.name)
         {
             return Err(invalid(at("name"), "another route has this name".into()));
         }

@@ -10,8 +10,8 @@
 use std::collections::BTreeMap;
 
 use crate::config::{Capability, Config, ModelConfig, RouteConfig};
+use crate::entity as db;
 use crate::store::Snapshot;
-use crate::store::model as db;
 
 /// The database's routes for the public model `name`, indexed from `first_index`.
 fn database_routes(snapshot: &Snapshot, name: &str, first_index: u32) -> Vec<RouteConfig> {
@@ -168,7 +168,7 @@ fn apply_strictest_reservations(models: &mut [ModelConfig], snapshot: &Snapshot)
 mod tests {
     use super::*;
     use crate::config::ProviderKind;
-    use crate::store::model::{Provider, Secret, Upstream, UpstreamKey, UpstreamModel};
+    use crate::entity::{Provider, Secret, Upstream, UpstreamKey, UpstreamModel};
     use crate::store::snapshot::SnapshotRows;
 
     fn upstream(id: &str, priority: i64, lb_weight: f64, group: &str, enabled: bool) -> Upstream {

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use crate::config::{PoolKey, RouteConfig};
-use crate::store::model::Role;
+use crate::entity::Role;
 
 /// Key-pool knobs.
 #[derive(Debug, Clone, Copy)]

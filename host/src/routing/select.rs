@@ -31,7 +31,7 @@ pub struct RequestFacts {
     /// How many routes may be tried (the inbound route's `max_attempts`); `None`: all of them.
     pub max_attempts: Option<usize>,
     /// The caller's tier for reserved keys; `None` (no user identity) may use every key.
-    pub role: Option<crate::store::model::Role>,
+    pub role: Option<crate::entity::Role>,
     /// The caller's own credential goes upstream (pass-through route): key pools do not apply.
     pub own_credential: bool,
 }
@@ -103,7 +103,7 @@ pub struct Plan {
     /// On pass-through routes, the client's own credential, used instead of every route's key.
     pub credential: Option<std::sync::Arc<str>>,
     /// The caller's tier, for the key binding made when a pool key serves.
-    pub role: Option<crate::store::model::Role>,
+    pub role: Option<crate::entity::Role>,
     /// The key pools' declaration generation this plan was made under: a binding is only made
     /// if no declaration changed meanwhile (else a request in flight would undo a drop).
     pub key_generation: u64,

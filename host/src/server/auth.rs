@@ -9,8 +9,8 @@ use axum::http::{HeaderMap, header};
 use sha2::{Digest, Sha256};
 
 use crate::config::DEFAULT_GROUP;
+use crate::entity::Role;
 use crate::store::Snapshot;
-use crate::store::model::Role;
 
 use super::caller::presented_key;
 use crate::inbound_routes::{InboundRoute, RouteAuth};

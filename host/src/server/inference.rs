@@ -98,7 +98,7 @@ pub async fn handle(
         &parts.headers,
         &snapshot,
         gateway.config.server.admin_token.as_deref(),
-        crate::store::model::now(),
+        crate::entity::now(),
     ) {
         Ok(p) => p,
         Err(e) => {

@@ -1,21 +1,26 @@
 //! Storage: one SQLite file by default, PostgreSQL for fleets. Migrations are applied at start.
 //!
 //! - [`api_log`]: the request log, written in batches off the request path.
-//! - [`ConfigStore`]: the configuration entities (routes, plugin configs, consumers and keys,
-//!   providers, upstreams and their keys and models), one trait with a SQLite and a PostgreSQL
-//!   implementation, and a change feed ([`ConfigStore::watch`]).
+//! - [`ConfigStore`]: the configuration entities ([`crate::entity`]), one trait with a SQLite and a
+//!   PostgreSQL implementation, and a change feed ([`ConfigStore::watch`]). Its parts are one file
+//!   per entity group: `inbound_routes.rs` (routes, plugin configs), `consumers.rs` (consumers and
+//!   their keys), `upstreams.rs` (providers, upstreams, their keys and models, key reservations),
+//!   `routewise_settings.rs`; each declares its tables once with `table!` (`table.rs` says how to
+//!   add a column).
 //! - [`Snapshot`] / [`SnapshotCache`]: the whole configuration in memory for the request path,
 //!   reloaded on every change by [`Store::spawn_sync`].
 
 pub mod api_log;
 mod config_store;
+mod consumers;
 mod feed;
-pub mod model;
+mod inbound_routes;
 pub mod postgres;
 pub mod routewise_settings;
 pub mod snapshot;
-pub(crate) mod sql;
 pub mod sqlite;
+mod table;
+mod upstreams;
 
 #[cfg(test)]
 pub(crate) mod tests;
@@ -30,9 +35,12 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use sqlx::{PgPool, SqlitePool};
 
 pub use config_store::ConfigStore;
+pub use consumers::ConsumerStore;
+pub use inbound_routes::InboundRouteStore;
 pub use snapshot::{
     Authenticated, KeyRejection, ModelTarget, Snapshot, SnapshotCache, SnapshotCounts, SyncStatus,
 };
+pub use upstreams::UpstreamStore;
 
 /// A storage failure, with the database URL's scheme for context (never the credentials).
 #[derive(Debug, thiserror::Error)]
@@ -78,6 +86,15 @@ pub enum StoreError {
         id: String,
         message: String,
     },
+}
+
+impl From<crate::entity::InvalidField> for StoreError {
+    fn from(e: crate::entity::InvalidField) -> StoreError {
+        StoreError::Invalid {
+            field: e.field,
+            message: e.message,
+        }
+    }
 }
 
 /// The pools, for code that writes its own SQL (the request log).

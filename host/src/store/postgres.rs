@@ -189,5 +189,4 @@ async fn listen_once(
     }
 }
 
-super::sql::impl_config_store!(PgConfigStore, sqlx::Postgres);
-super::routewise_settings::impl_routewise_settings_store!(PgConfigStore, sqlx::Postgres);
+super::config_store::impl_config_store!(PgConfigStore, sqlx::Postgres);

@@ -95,7 +95,7 @@ pub(crate) fn decode(
     })
 }
 
-/// Implements [`RouteWiseSettingsStore`] for `$store` over `$db`, next to `impl_config_store!`
+/// Implements [`RouteWiseSettingsStore`] for `$store` over `$db`, inside `impl_config_store!`
 /// (whose `Conn` alias and backend helpers it uses).
 macro_rules! impl_routewise_settings_store {
     ($store:ty, $db:ty) => {
@@ -157,7 +157,7 @@ macro_rules! impl_routewise_settings_store {
             ) -> Result<bool, $crate::store::StoreError> {
                 let (mut tx, version) = self.begin_write().await?;
                 let err = |e: sqlx::Error| self.db_error(e);
-                let at = $crate::store::model::now();
+                let at = $crate::entity::now();
                 let mut changed = false;
                 for (key, value) in changes {
                     let done = match (model_id, value) {

@@ -17,7 +17,7 @@ use utoipa::ToSchema;
 
 use super::StoreError;
 use super::config_store::ConfigStore;
-use super::model::*;
+use crate::entity::*;
 
 /// The rows of every configuration table, as read in one transaction.
 #[derive(Debug, Default)]

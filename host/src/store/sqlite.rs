@@ -100,5 +100,4 @@ async fn poll(pool: SqlitePool, feed: Weak<Feed>) {
     }
 }
 
-super::sql::impl_config_store!(SqliteConfigStore, sqlx::Sqlite);
-super::routewise_settings::impl_routewise_settings_store!(SqliteConfigStore, sqlx::Sqlite);
+super::config_store::impl_config_store!(SqliteConfigStore, sqlx::Sqlite);

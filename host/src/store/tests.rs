@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::model::*;
 use super::*;
+use crate::entity::*;
 
 const DEFAULT_PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 
@@ -840,15 +840,3 @@ suite!(
     another_process_sees_changes_within_two_seconds,
     a_failed_reload_keeps_the_last_snapshot,
 );
-
-#[test]
-fn sql_helpers_number_their_placeholders() {
-    assert_eq!(
-        sql::insert_sql("t", "id, a, b"),
-        "INSERT INTO t (id, a, b) VALUES ($1, $2, $3)"
-    );
-    assert_eq!(
-        sql::update_sql("t", "id, a, b"),
-        "UPDATE t SET a = $2, b = $3 WHERE id = $1"
-    );
-}
