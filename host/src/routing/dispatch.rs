@@ -484,25 +484,20 @@ struct Hedge<'a> {
     backup: &'a RouteConfig,
 }
 
-/// The strategy's hedge request, from the `;hedge=<ms>@<route index>` suffix of its metadata
-/// (the host's convention; see `docs/routewise.md`). Never for pinned plans.
+/// The strategy's hedge request (typed since WIT 0.2.0; a 0.1.0 strategy's `;hedge=<ms>@<index>`
+/// metadata suffix is turned into one by the strategy host). Never for pinned plans.
 fn hedge_of<'a>(plan: &Plan, routes: &'a [RouteConfig]) -> Option<Hedge<'a>> {
     if plan.pinned || plan.max_attempts < 2 {
         return None;
     }
-    let spec = plan
-        .strategy_metadata
-        .split(';')
-        .find_map(|p| p.strip_prefix("hedge="))?;
-    let (ms, index) = spec.split_once('@')?;
-    let index: u32 = index.parse().ok()?;
-    let backup = routes.iter().find(|r| r.index == index)?;
+    let hedge = plan.hedge?;
+    let backup = routes.iter().find(|r| r.index == hedge.backup)?;
     let first = plan.order.first().and_then(|&p| routes.get(p))?;
-    if first.index == index {
+    if first.index == hedge.backup {
         return None;
     }
     Some(Hedge {
-        after: std::time::Duration::from_millis(ms.parse().ok()?),
+        after: std::time::Duration::from_millis(u64::from(hedge.after_ms)),
         backup,
     })
 }
