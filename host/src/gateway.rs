@@ -187,7 +187,7 @@ impl Gateway {
                 &self.catalog,
                 |m| crate::routing::policy::apply(m, &overrides, &unhealthy, local_fraction),
                 |routes| {
-                    crate::routing::table::wit_routes(&self.routing.quota.with_snapshots(routes))
+                    crate::strategy::upstream_table(&self.routing.quota.with_snapshots(routes))
                 },
             )
             .await;
@@ -296,10 +296,10 @@ impl Gateway {
                 m.routes().iter().map(|r| r.weight).collect::<Vec<_>>()
             };
             if weights(before) != weights(after) {
-                let routes = crate::routing::table::wit_routes(
+                let routes = crate::strategy::upstream_table(
                     &self.routing.quota.with_snapshots(after.routes()), // quota snapshots survive
                 );
-                if let Err(e) = after.router.refresh_route_table(routes).await {
+                if let Err(e) = after.router.refresh_upstreams(routes).await {
                     tracing::warn!(model = %after.id(), "pushing the new route table failed: {e}");
                 }
             }

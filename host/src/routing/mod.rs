@@ -5,6 +5,7 @@ pub mod affinity;
 pub mod db_models;
 pub mod dispatch;
 pub mod health;
+pub mod inflight;
 pub mod key_pools;
 pub mod policy;
 pub mod prefill;
@@ -28,6 +29,8 @@ pub struct RoutingContext {
     pub keys: Arc<crate::routing::key_pools::KeyPools>,
     /// Host-side RouteWise state: run-time settings (`routewise`).
     pub routewise: Arc<routewise::RouteWiseHost>,
+    /// Attempts in flight per endpoint (a candidate's `inflight-requests`).
+    pub inflight: Arc<inflight::InFlight>,
 }
 
 impl RoutingContext {
@@ -41,6 +44,7 @@ impl RoutingContext {
                 config.routing.key_pools,
             )),
             routewise: Arc::new(routewise::RouteWiseHost::new()),
+            inflight: Arc::new(inflight::InFlight::new()),
         }
     }
 }

@@ -4,8 +4,10 @@
 use std::time::Instant;
 
 use crate::config::{Capability, RouteConfig};
-use crate::strategy::bindings::PrefillPolicy;
-use crate::strategy::{Candidate, CircuitState as WitCircuit, Modalities, Request};
+use crate::protocol::ir::Modalities;
+use crate::strategy::{
+    Candidate, CircuitState as CandidateCircuit, HedgeRequest, PrefillPolicy, Request,
+};
 
 use super::RoutingContext;
 use super::health::{CircuitState, HealthRegistry, Outcome};
@@ -86,6 +88,8 @@ pub fn describe(excluded: &[Exclusion]) -> String {
 #[derive(Debug, Clone)]
 pub struct Plan {
     pub order: Vec<usize>,
+    /// The strategy's latency hedge for the primary, as it decided it.
+    pub hedge: Option<HedgeRequest>,
     pub strategy_metadata: String,
     /// Set when the strategy failed and declared order was used instead.
     pub strategy_error: Option<String>,
@@ -226,6 +230,7 @@ pub async fn select_at(
         return match hit {
             Some(route) if route.weight > 0.0 => Ok(Plan {
                 order: vec![position(routes, route.index)],
+                hedge: None,
                 strategy_metadata: String::new(),
                 strategy_error: None,
                 pinned: true,
@@ -275,8 +280,8 @@ pub async fn select_at(
                 });
                 continue;
             }
-            Some(CircuitState::HalfOpen) => WitCircuit::HalfOpen,
-            Some(_) => WitCircuit::Closed,
+            Some(CircuitState::HalfOpen) => CandidateCircuit::HalfOpen,
+            Some(_) => CandidateCircuit::Closed,
         };
         let load = ctx.prefill.load(&route.endpoint_id);
         candidates.push(Candidate {
@@ -295,6 +300,8 @@ pub async fn select_at(
             ),
             ttft_ms: None,
             latency_ms: None,
+            inflight_requests: ctx.inflight.count(&route.endpoint_id),
+            affinity_pinned: false,
         });
     }
     if candidates.is_empty() {
@@ -340,6 +347,12 @@ pub async fn select_at(
         }
     }
 
+    if let Some(i) = sticky
+        && let Some(pinned) = candidates.iter_mut().find(|c| c.index == i)
+    {
+        pinned.affinity_pinned = true;
+    }
+
     // 6. The strategy orders what is left.
     let p = ctx.prefill.config();
     let request = Request {
@@ -356,13 +369,21 @@ pub async fn select_at(
             elephant_tokens: p.elephant_tokens,
             elephant_limit: p.elephant_limit,
         },
+        // Budgets do not exist yet (the governance issue adds them).
+        remaining_budget_usd: None,
     };
-    let (mut order, strategy_metadata, strategy_error) =
+    let (mut order, hedge, strategy_metadata, strategy_error) =
         match model.router.select(&request, &candidates).await {
-            Ok(decision) => (decision.order, decision.strategy_metadata, None),
+            Ok(decision) => (
+                decision.order,
+                decision.hedge,
+                decision.strategy_metadata,
+                None,
+            ),
             // A broken strategy never fails the request: declared order keeps it served.
             Err(e) => (
                 candidates.iter().map(|c| c.index).collect(),
+                None,
                 String::new(),
                 Some(e.to_string()),
             ),
@@ -389,6 +410,7 @@ pub async fn select_at(
     };
     Ok(Plan {
         order,
+        hedge,
         strategy_metadata,
         strategy_error,
         pinned: false,

@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use crate::config::{Config, ModelConfig, RouteConfig};
 use crate::routing::policy::{self, Overrides};
-use crate::strategy::bindings::Pricing;
 use crate::strategy::{
-    CatalogEntry, ModelRouter, Route, StrategyCatalog, StrategyEngine, StrategyError,
+    CatalogEntry, ModelRouter, StrategyCatalog, StrategyEngine, StrategyError, UpstreamInfo,
+    upstream_table,
 };
 
 /// A model as served: its config and the strategy router that orders its routes.
@@ -67,7 +67,7 @@ impl RouteTable {
                 &HashSet::new(),
                 config.routing.local_fraction,
             );
-            match new_router(&model, wit_routes(&model.routes), &at, engine, catalog).await {
+            match new_router(&model, upstream_table(&model.routes), &at, engine, catalog).await {
                 Ok(router) => table.insert(model, Arc::new(router)),
                 Err(mut p) => problems.append(&mut p),
             }
@@ -90,7 +90,7 @@ impl RouteTable {
         engine: &StrategyEngine,
         catalog: &StrategyCatalog,
         apply_policy: impl Fn(&mut ModelConfig),
-        for_router: impl Fn(&[RouteConfig]) -> Vec<Route>,
+        for_router: impl Fn(&[RouteConfig]) -> Vec<UpstreamInfo>,
     ) -> (RouteTable, Vec<String>) {
         let mut problems = Vec::new();
         let mut table = RouteTable::default();
@@ -108,9 +108,9 @@ impl RouteTable {
             });
             let router = match reusable {
                 Some(old) => {
-                    if wit_routes(old.routes()) != wit_routes(&model.routes) {
+                    if upstream_table(old.routes()) != upstream_table(&model.routes) {
                         old.router
-                            .refresh_route_table(for_router(&model.routes))
+                            .refresh_upstreams(for_router(&model.routes))
                             .await
                             .map_err(|e| {
                                 tracing::warn!(model = %model.id, "pushing the new route table failed: {e}")
@@ -193,7 +193,7 @@ impl RouteTable {
 /// Validates a model's strategy and params and instantiates its router; `at` prefixes problems.
 async fn new_router(
     model: &ModelConfig,
-    routes: Vec<Route>,
+    routes: Vec<UpstreamInfo>,
     at: &str,
     engine: &StrategyEngine,
     catalog: &StrategyCatalog,
@@ -241,28 +241,4 @@ async fn new_router(
         )]),
         Err(e) => Err(vec![format!("{at}.router: {e}")]),
     }
-}
-
-/// The WIT form of a model's routes, pushed to its strategy through `refresh-route-table`.
-pub fn wit_routes(routes: &[RouteConfig]) -> Vec<Route> {
-    routes
-        .iter()
-        .map(|r| Route {
-            index: r.index,
-            endpoint_id: r.endpoint_id.clone(),
-            provider: r.kind.as_str().to_owned(),
-            base_url: r.base_url.clone(),
-            provider_model_id: r.provider_model_id.clone(),
-            weight: r.weight,
-            priority: r.priority,
-            input_modalities: r.input_modalities.clone(),
-            pricing: r.pricing.map(|p| Pricing {
-                prompt: p.prompt,
-                completion: p.completion,
-                input_cache_reads: p.input_cache_reads,
-                input_cache_writes: p.input_cache_writes,
-            }),
-            metadata_json: serde_json::Value::Object(r.metadata.clone()).to_string(),
-        })
-        .collect()
 }

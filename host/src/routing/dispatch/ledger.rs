@@ -13,6 +13,7 @@ use crate::upstream::{AttemptEnd, AttemptError, AttemptSink};
 
 use super::super::RoutingContext;
 use super::super::health::{Outcome, Ticket};
+use super::super::inflight::InFlightGuard;
 use super::super::key_pools::is_key_rejection;
 use super::super::prefill::PrefillLease;
 use super::super::select::Plan;
@@ -34,9 +35,11 @@ pub(super) struct RequestLedger<'a> {
 
 impl RequestLedger<'_> {
     /// Opens the books of an attempt at the upstream at `position` of the model's list, admitted
-    /// with `ticket`: counts it against the local quota and, for chat, takes its prefill lease.
+    /// with `ticket`: counts it in flight and against the local quota and, for chat, takes its
+    /// prefill lease.
     pub fn open(&self, position: usize, upstream: &RouteConfig, ticket: Ticket) -> AttemptLedger {
         let ctx = self.ctx;
+        let in_flight = ctx.inflight.enter(&upstream.endpoint_id);
         ctx.quota.count_request(&upstream.endpoint_id); // local quota counter (routing::quota)
         let lease = self.chat.then(|| {
             // Released at the first token, or wherever the attempt ends (drop).
@@ -60,6 +63,7 @@ impl RequestLedger<'_> {
             lease,
             prompt_tokens: self.prompt_tokens,
             strategy_metadata: self.chat.then(|| self.plan.strategy_metadata.clone()),
+            _in_flight: in_flight,
         }
     }
 
@@ -113,6 +117,8 @@ pub(super) struct AttemptLedger {
     prompt_tokens: u32,
     /// `Some` when the strategy observes this attempt (chat).
     strategy_metadata: Option<String>,
+    /// Counts the attempt in flight until it is dropped: with the relay, for a stream.
+    _in_flight: InFlightGuard,
 }
 
 impl AttemptLedger {
