@@ -377,7 +377,7 @@ async fn build_policies(quota_limit: u64) -> Vec<Policy> {
                 let model = routing.table.resolve(&format!("p{i}")).unwrap();
                 Policy::Strategy {
                     router: model.router.clone(),
-                    routes: upstream_table(model.routes()),
+                    routes: upstream_table(model.upstreams()),
                 }
             }
             PolicyKind::GreedyCost => Policy::GreedyCost,

@@ -6,7 +6,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use crate::config::{Config, ModelConfig, RouteConfig};
+use crate::config::{Config, ModelConfig, ModelUpstream};
 use crate::routing::policy::{self, Overrides};
 use crate::strategy::{
     CatalogEntry, ModelRouter, StrategyCatalog, StrategyEngine, StrategyError, UpstreamInfo,
@@ -25,14 +25,14 @@ impl ModelEntry {
         &self.config.id
     }
 
-    pub fn routes(&self) -> &[RouteConfig] {
-        &self.config.routes
+    pub fn upstreams(&self) -> &[ModelUpstream] {
+        &self.config.upstreams
     }
 }
 
 /// All served models, by canonical id, with aliases resolved to the canonical entry.
 #[derive(Debug, Default)]
-pub struct RouteTable {
+pub struct ModelTable {
     models: HashMap<String, Arc<ModelEntry>>,
     aliases: HashMap<String, String>,
     /// Canonical ids in config order, for listings.
@@ -43,21 +43,21 @@ pub struct RouteTable {
 /// naming the file, the model, the strategy and, for params, the key.
 #[derive(Debug, thiserror::Error)]
 #[error("{}", problems.join("\n"))]
-pub struct RouteTableError {
+pub struct ModelTableError {
     pub problems: Vec<String>,
 }
 
-impl RouteTable {
+impl ModelTable {
     /// Builds every model's router now, so bad strategy names or params fail at startup, not at the
     /// first request. All problems are collected, not only the first.
     pub async fn build(
         config: &Config,
         engine: &StrategyEngine,
         catalog: &StrategyCatalog,
-    ) -> Result<RouteTable, RouteTableError> {
+    ) -> Result<ModelTable, ModelTableError> {
         let file = config.source.display();
         let mut problems = Vec::new();
-        let mut table = RouteTable::default();
+        let mut table = ModelTable::default();
         for (mi, model) in config.models.iter().enumerate() {
             let at = format!("{file}: models[{mi}] ({})", model.id);
             let mut model = model.clone();
@@ -67,7 +67,7 @@ impl RouteTable {
                 &HashSet::new(),
                 config.routing.local_fraction,
             );
-            match new_router(&model, upstream_table(&model.routes), &at, engine, catalog).await {
+            match new_router(&model, upstream_table(&model.upstreams), &at, engine, catalog).await {
                 Ok(router) => table.insert(model, Arc::new(router)),
                 Err(mut p) => problems.append(&mut p),
             }
@@ -75,7 +75,7 @@ impl RouteTable {
         if problems.is_empty() {
             Ok(table)
         } else {
-            Err(RouteTableError { problems })
+            Err(ModelTableError { problems })
         }
     }
 
@@ -90,10 +90,10 @@ impl RouteTable {
         engine: &StrategyEngine,
         catalog: &StrategyCatalog,
         apply_policy: impl Fn(&mut ModelConfig),
-        for_router: impl Fn(&[RouteConfig]) -> Vec<UpstreamInfo>,
-    ) -> (RouteTable, Vec<String>) {
+        for_router: impl Fn(&[ModelUpstream]) -> Vec<UpstreamInfo>,
+    ) -> (ModelTable, Vec<String>) {
         let mut problems = Vec::new();
-        let mut table = RouteTable::default();
+        let mut table = ModelTable::default();
         for mut model in models {
             apply_policy(&mut model);
             if table.resolve(&model.id).is_some() {
@@ -108,12 +108,12 @@ impl RouteTable {
             });
             let router = match reusable {
                 Some(old) => {
-                    if upstream_table(old.routes()) != upstream_table(&model.routes) {
+                    if upstream_table(old.upstreams()) != upstream_table(&model.upstreams) {
                         old.router
-                            .refresh_upstreams(for_router(&model.routes))
+                            .refresh_upstreams(for_router(&model.upstreams))
                             .await
                             .map_err(|e| {
-                                tracing::warn!(model = %model.id, "pushing the new route table failed: {e}")
+                                tracing::warn!(model = %model.id, "pushing the new upstream table failed: {e}")
                             })
                             .ok();
                     }
@@ -121,7 +121,7 @@ impl RouteTable {
                 }
                 None => {
                     let at = format!("model `{}`", model.id);
-                    let routes = for_router(&model.routes);
+                    let routes = for_router(&model.upstreams);
                     match new_router(&model, routes, &at, engine, catalog).await {
                         Ok(router) => Arc::new(router),
                         Err(mut p) => {
@@ -157,8 +157,8 @@ impl RouteTable {
         overrides: &Overrides,
         unhealthy_origins: &HashSet<String>,
         local_fraction: Option<f64>,
-    ) -> RouteTable {
-        let mut table = RouteTable::default();
+    ) -> ModelTable {
+        let mut table = ModelTable::default();
         for entry in self.models() {
             let mut config = entry.config.clone();
             policy::apply(&mut config, overrides, unhealthy_origins, local_fraction);
@@ -182,10 +182,10 @@ impl RouteTable {
     }
 
     /// Number of routes across published models.
-    pub fn routes_configured(&self) -> usize {
+    pub fn upstreams_configured(&self) -> usize {
         self.models()
             .filter(|m| m.config.published)
-            .map(|m| m.config.routes.len())
+            .map(|m| m.config.upstreams.len())
             .sum()
     }
 }

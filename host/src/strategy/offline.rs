@@ -341,7 +341,7 @@ fn yaml_routes(file: &Path, model: &str, entries: &[Value]) -> Result<Vec<Route>
     Ok(config
         .models
         .first()
-        .map(|m| super::types::upstream_table(&m.routes))
+        .map(|m| super::types::upstream_table(&m.upstreams))
         .unwrap_or_default())
 }
 
@@ -413,14 +413,14 @@ pub async fn run(
                     input_error(
                         file,
                         format!("observations[{i}].endpoint_id"),
-                        format!("no route has endpoint id `{id}`"),
+                        format!("no upstream has endpoint id `{id}`"),
                     )
                 })?,
             (None, None) => {
                 return Err(input_error(
                     file,
                     format!("observations[{i}]"),
-                    "name the route with `index` or `endpoint_id`".into(),
+                    "name the upstream with `index` or `endpoint_id`".into(),
                 ));
             }
         };
@@ -505,7 +505,7 @@ fn candidates(
                 input_error(
                     file,
                     format!("candidates[{i}].index"),
-                    format!("no route has index {}", c.index),
+                    format!("no upstream has index {}", c.index),
                 )
             })?;
             Ok(Candidate {

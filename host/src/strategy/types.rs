@@ -4,7 +4,7 @@
 //!
 //! The types follow the newest WIT version (0.2.0); older versions are adapted to them.
 
-use crate::config::RouteConfig;
+use crate::config::ModelUpstream;
 
 /// The non-text inputs a request carries (the protocol layer's type; converted to the WIT flags).
 pub use crate::protocol::ir::Modalities;
@@ -151,7 +151,7 @@ pub struct StrategyInfo {
 }
 
 /// A model's upstreams as its strategy sees them, built from the host's config.
-pub fn upstream_table(routes: &[RouteConfig]) -> Vec<UpstreamInfo> {
+pub fn upstream_table(routes: &[ModelUpstream]) -> Vec<UpstreamInfo> {
     routes
         .iter()
         .map(|r| UpstreamInfo {

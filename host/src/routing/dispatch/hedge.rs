@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::config::RouteConfig;
+use crate::config::ModelUpstream;
 
 use super::super::health::Ticket;
 use super::super::select::{Exclusion, Plan};
@@ -22,7 +22,7 @@ pub(super) struct Hedge {
 
 /// The strategy's hedge request (typed since WIT 0.2.0; a 0.1.0 strategy's `;hedge=<ms>@<index>`
 /// metadata suffix is turned into one by the strategy host). Never for pinned plans.
-pub(super) fn planned(plan: &Plan, routes: &[RouteConfig]) -> Option<Hedge> {
+pub(super) fn planned(plan: &Plan, routes: &[ModelUpstream]) -> Option<Hedge> {
     if plan.pinned || plan.max_attempts < 2 {
         return None;
     }
@@ -48,7 +48,7 @@ impl<C: Call> Dispatch<'_, C> {
         hedge: Hedge,
         excluded: &mut Vec<Exclusion>,
     ) -> Step<C::Answer> {
-        let routes = self.ledger.model.routes();
+        let routes = self.ledger.model.upstreams();
         let first = self.attempt(primary, primary_ticket);
         tokio::pin!(first);
         let done = tokio::select! {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::task::Context;
 use std::time::Instant;
 
-use crate::config::RouteConfig;
+use crate::config::ModelUpstream;
 use crate::protocol::ir;
 use crate::strategy::{ModelRouter, Observation};
 use crate::upstream::{AttemptEnd, AttemptError, AttemptSink};
@@ -37,7 +37,7 @@ impl RequestLedger<'_> {
     /// Opens the books of an attempt at the upstream at `position` of the model's list, admitted
     /// with `ticket`: counts it in flight and against the local quota and, for chat, takes its
     /// prefill lease.
-    pub fn open(&self, position: usize, upstream: &RouteConfig, ticket: Ticket) -> AttemptLedger {
+    pub fn open(&self, position: usize, upstream: &ModelUpstream, ticket: Ticket) -> AttemptLedger {
         let ctx = self.ctx;
         let in_flight = ctx.inflight.enter(&upstream.endpoint_id);
         ctx.quota.count_request(&upstream.endpoint_id); // local quota counter (routing::quota)
@@ -70,7 +70,7 @@ impl RequestLedger<'_> {
     /// Key affinity: a caller served by a pool key keeps that key, unless it already has a live
     /// binding in the pool (a binding to a key that is merely quieted survives; the pool walks
     /// around it until it is back).
-    pub fn served(&self, upstream: &RouteConfig) {
+    pub fn served(&self, upstream: &ModelUpstream) {
         let (Some(caller), Some(key)) = (self.caller, upstream.key.as_ref()) else {
             return;
         };
@@ -94,7 +94,7 @@ impl RequestLedger<'_> {
 
     /// A hedged attempt that lost the race is cancelled: it says nothing about its endpoint, but a
     /// probe it held did reach it. Called before the attempt (and its ledger) is dropped.
-    pub fn cancelled(&self, upstream: &RouteConfig, ticket: Ticket) {
+    pub fn cancelled(&self, upstream: &ModelUpstream, ticket: Ticket) {
         self.ctx
             .health
             .record(&upstream.endpoint_id, ticket, Outcome::Neutral, None);
@@ -122,8 +122,8 @@ pub(super) struct AttemptLedger {
 }
 
 impl AttemptLedger {
-    fn upstream(&self) -> &RouteConfig {
-        &self.model.routes()[self.position]
+    fn upstream(&self) -> &ModelUpstream {
+        &self.model.upstreams()[self.position]
     }
 
     /// What a failed attempt says about the endpoint. A key rejected by the upstream
@@ -154,7 +154,7 @@ impl AttemptLedger {
 impl AttemptSink for AttemptLedger {
     fn first_token(&mut self) {
         if std::mem::take(&mut self.health_pending) {
-            let upstream = &self.model.routes()[self.position];
+            let upstream = &self.model.upstreams()[self.position];
             self.ctx
                 .health
                 .record(&upstream.endpoint_id, self.ticket, Outcome::Success, None);
@@ -224,7 +224,7 @@ impl Drop for AttemptLedger {
         // Abandoned (the client left, or a hedge was cancelled): a probe claim is given back.
         // The lease is released by its own Drop.
         if self.health_pending {
-            let upstream = &self.model.routes()[self.position];
+            let upstream = &self.model.upstreams()[self.position];
             self.ctx.health.release(&upstream.endpoint_id, self.ticket);
         }
     }
