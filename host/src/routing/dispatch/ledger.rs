@@ -1,6 +1,6 @@
 //! The ledger: what each attempt's outcome means for routing's state. Endpoint health and the
-//! breaker, key quieting and key affinity, session affinity, prefill load, the local quota
-//! counter and the strategy's observation are all booked here, and nowhere else.
+//! breaker, key quieting and key affinity, session affinity, prefill load, the gateway extension's
+//! attempt hook (RouteWise's local quota counter) and the strategy's observation are all booked here, and nowhere else.
 
 use std::sync::Arc;
 use std::task::Context;
@@ -37,7 +37,7 @@ impl RequestLedger<'_> {
     /// with `ticket`: counts it against the local quota and, for chat, takes its prefill lease.
     pub fn open(&self, position: usize, upstream: &RouteConfig, ticket: Ticket) -> AttemptLedger {
         let ctx = self.ctx;
-        ctx.quota.count_request(&upstream.endpoint_id); // local quota counter (routing::quota)
+        ctx.extension.on_attempt(&upstream.endpoint_id); // RouteWise's local quota counter
         let lease = self.chat.then(|| {
             // Released at the first token, or wherever the attempt ends (drop).
             let uncached = ctx.prefill.uncached_estimate(
