@@ -6,7 +6,8 @@
 //! one provider); [`store`] keeps logs and state; [`entity`] holds the configuration entities that
 //! the store keeps and the other modules use; [`config`] loads the YAML; [`admin`] is the
 //! operator's API; [`routewise`] is the host's side of the RouteWise strategy, plugged into the
-//! gateway through one hook ([`gateway::extension`]); [`mock`] is the simulated upstream used by demos, tests and benchmarks.
+//! gateway through one hook ([`gateway::extension`]); [`mock`] is the simulated upstream used by
+//! demos, tests and benchmarks.
 #![forbid(unsafe_code)]
 
 pub mod admin;

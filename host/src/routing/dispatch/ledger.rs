@@ -1,6 +1,7 @@
 //! The ledger: what each attempt's outcome means for routing's state. Endpoint health and the
 //! breaker, key quieting and key affinity, session affinity, prefill load, the gateway extension's
-//! attempt hook (RouteWise's local quota counter) and the strategy's observation are all booked here, and nowhere else.
+//! attempt hook (RouteWise's local quota counter) and the strategy's observation are all booked
+//! here, and nowhere else.
 
 use std::sync::Arc;
 use std::task::Context;
