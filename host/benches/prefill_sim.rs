@@ -242,7 +242,7 @@ async fn run(mode: &Mode, arrivals: &[Arrival]) -> Summary {
         let plan = select_at(&model, &facts, &ctx, None, at(a.at))
             .await
             .unwrap();
-        let route = &model.routes()[plan.order[0]];
+        let route = &model.upstreams()[plan.order[0]];
         let r = route.index as usize;
         let estimate =
             ctx.prefill

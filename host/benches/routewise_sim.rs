@@ -30,10 +30,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use switchyard::config::Config;
 use switchyard::gateway::Routing;
-use switchyard::routing::table::wit_routes;
-use switchyard::strategy::bindings::PrefillPolicy;
 use switchyard::strategy::{
-    Candidate, CircuitState, Modalities, ModelRouter, Observation, Request, Route,
+    Candidate, CircuitState, Modalities, ModelRouter, Observation, PrefillPolicy, Request,
+    UpstreamInfo as Route, upstream_table,
 };
 
 /// Workload seed: the arrivals, sizes, per-route luck and strategy seeds all derive from it.
@@ -378,7 +377,7 @@ async fn build_policies(quota_limit: u64) -> Vec<Policy> {
                 let model = routing.table.resolve(&format!("p{i}")).unwrap();
                 Policy::Strategy {
                     router: model.router.clone(),
-                    routes: wit_routes(model.routes()),
+                    routes: upstream_table(model.upstreams()),
                 }
             }
             PolicyKind::GreedyCost => Policy::GreedyCost,
@@ -511,6 +510,8 @@ fn candidates() -> Vec<Candidate> {
             uncached_prompt_tokens: 0,
             ttft_ms: None,
             latency_ms: None,
+            inflight_requests: 0,
+            affinity_pinned: false,
         })
         .collect()
 }
@@ -561,7 +562,7 @@ async fn run(name: &str, policy: &Policy, arrivals: &[Arrival], quota_limit: u64
                     + ((t - next_snapshot) / SNAPSHOT_EVERY_S).floor() * SNAPSHOT_EVERY_S;
                 let table = with_snapshot(routes, world.quota_used, quota_limit, ms(due));
                 // A failure is counted in the router's stats and reported.
-                let _ = router.refresh_route_table(table).await;
+                let _ = router.refresh_upstreams(table).await;
                 next_snapshot = due + SNAPSHOT_EVERY_S;
             }
             if t >= next_tick {
@@ -589,6 +590,7 @@ async fn run(name: &str, policy: &Policy, arrivals: &[Arrival], quota_limit: u64
                                 elephant_tokens: 200_000,
                                 elephant_limit: 1,
                             },
+                            remaining_budget_usd: None,
                         };
                         match router.select(&request, &all).await {
                             Ok(decision) => {

@@ -7,10 +7,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use switchyard::strategy::bindings::PrefillPolicy;
 use switchyard::strategy::{
-    Candidate, CircuitState, Modalities, ModelRouter, Request, Route, StrategyEngine,
-    StrategyLimits, catalog,
+    Candidate, CircuitState, Modalities, ModelRouter, PrefillPolicy, Request, StrategyEngine,
+    StrategyLimits, UpstreamInfo as Route, catalog,
 };
 
 fn strategies_dir() -> PathBuf {
@@ -53,6 +52,8 @@ fn candidates(n: u32) -> Vec<Candidate> {
             uncached_prompt_tokens: 500,
             ttft_ms: Some(300.0),
             latency_ms: Some(2000.0),
+            inflight_requests: 0,
+            affinity_pinned: false,
         })
         .collect()
 }
@@ -101,6 +102,7 @@ fn bench(c: &mut Criterion) {
                             elephant_tokens: 200_000,
                             elephant_limit: 1,
                         },
+                        remaining_budget_usd: None,
                     };
                     let router = &router;
                     let cands = &cands;

@@ -17,7 +17,7 @@ use crate::routing::policy::Overrides;
 
 use crate::config::Config;
 use crate::inbound_routes::RouteSet;
-use crate::routing::table::{RouteTable, RouteTableError};
+use crate::routing::table::{ModelTable, ModelTableError};
 use crate::store::api_log::ApiLog;
 use crate::store::{Snapshot, Store};
 use crate::strategy::{StrategyCatalog, StrategyEngine, StrategyError, StrategyLimits};
@@ -31,7 +31,7 @@ pub enum BuildError {
     Engine(#[from] StrategyError),
     /// Models reference unknown or broken strategies, or bad params.
     #[error("{0}")]
-    Routes(#[from] RouteTableError),
+    Routes(#[from] ModelTableError),
     /// The upstream HTTP client could not be built.
     #[error("upstream client: {0}")]
     Http(#[from] reqwest::Error),
@@ -41,7 +41,7 @@ pub enum BuildError {
 pub struct Routing {
     pub engine: StrategyEngine,
     pub catalog: StrategyCatalog,
-    pub table: RouteTable,
+    pub table: ModelTable,
     pub builtin_dir: PathBuf,
 }
 
@@ -59,7 +59,7 @@ impl Routing {
             .map(|d| config.resolve_path(d));
         let catalog =
             StrategyCatalog::discover(&engine, Some(&builtin_dir), extra_dir.as_deref()).await;
-        let table = RouteTable::build(config, &engine, &catalog).await?;
+        let table = ModelTable::build(config, &engine, &catalog).await?;
         Ok(Routing {
             engine,
             catalog,
@@ -102,7 +102,7 @@ pub struct Gateway {
     unhealthy_origins: Mutex<HashSet<String>>,
     /// Serialises table rebuilds so two admin changes cannot interleave their pushes.
     rebuild: tokio::sync::Mutex<()>,
-    table: RwLock<Arc<RouteTable>>,
+    table: RwLock<Arc<ModelTable>>,
     /// Inbound routes (prefixes and auth) of the config file and the database.
     inbound_routes: RwLock<Arc<RouteSet>>,
     /// The database snapshot the table and routes were last built from.
@@ -133,7 +133,7 @@ impl Gateway {
                 // The gateway's one extension: RouteWise's host support.
                 ctx.extension = Arc::new(crate::routewise::RouteWiseHost::new());
                 ctx.keys
-                    .update_declarations(routing.table.models().flat_map(|m| m.routes().iter()));
+                    .update_declarations(routing.table.models().flat_map(|m| m.upstreams().iter()));
                 ctx
             },
             overrides: Mutex::new(Overrides::default()),
@@ -150,7 +150,7 @@ impl Gateway {
     }
 
     /// The current route table; hold the `Arc`, not the lock.
-    pub fn table(&self) -> Arc<RouteTable> {
+    pub fn table(&self) -> Arc<ModelTable> {
         self.table.read().clone()
     }
 
@@ -192,8 +192,8 @@ impl Gateway {
                 &self.catalog,
                 |m| crate::routing::policy::apply(m, &overrides, &unhealthy, local_fraction),
                 |routes| {
-                    crate::routing::table::wit_routes(
-                        &self.routing.extension.route_metadata(routes),
+                    crate::strategy::upstream_table(
+                        &self.routing.extension.upstream_metadata(routes),
                     )
                 },
             )
@@ -210,7 +210,7 @@ impl Gateway {
         let dropped = self
             .routing
             .keys
-            .update_declarations(table.models().flat_map(|m| m.routes().iter()));
+            .update_declarations(table.models().flat_map(|m| m.upstreams().iter()));
         if dropped > 0 {
             tracing::info!("key pool declarations changed: {dropped} key bindings dropped");
         }
@@ -300,14 +300,14 @@ impl Gateway {
         *self.table.write() = new.clone();
         for (before, after) in old.models().zip(new.models()) {
             let weights = |m: &crate::routing::table::ModelEntry| {
-                m.routes().iter().map(|r| r.weight).collect::<Vec<_>>()
+                m.upstreams().iter().map(|r| r.weight).collect::<Vec<_>>()
             };
             if weights(before) != weights(after) {
-                let routes = crate::routing::table::wit_routes(
-                    &self.routing.extension.route_metadata(after.routes()), // quota snapshots survive
+                let routes = crate::strategy::upstream_table(
+                    &self.routing.extension.upstream_metadata(after.upstreams()), // quota snapshots survive
                 );
-                if let Err(e) = after.router.refresh_route_table(routes).await {
-                    tracing::warn!(model = %after.id(), "pushing the new route table failed: {e}");
+                if let Err(e) = after.router.refresh_upstreams(routes).await {
+                    tracing::warn!(model = %after.id(), "pushing the new upstream table failed: {e}");
                 }
             }
         }
@@ -324,7 +324,7 @@ impl Gateway {
         let mut origins: Vec<String> = self
             .table()
             .models()
-            .flat_map(|m| m.routes().iter())
+            .flat_map(|m| m.upstreams().iter())
             .filter(|r| r.local_deployment)
             .filter_map(|r| crate::routing::policy::origin(&r.base_url))
             .collect();

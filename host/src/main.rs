@@ -254,7 +254,7 @@ async fn serve(config_path: &Path, listen: Option<String>) -> anyhow::Result<()>
         tracing::info!(
             model = %model.config.id,
             strategy = %model.router.strategy.label(),
-            routes = model.config.routes.len(),
+            routes = model.config.upstreams.len(),
             "model ready"
         );
     }
@@ -319,7 +319,7 @@ async fn check(config_path: &Path) -> anyhow::Result<()> {
             c.router_params,
             if c.published { "" } else { " [unpublished]" }
         );
-        for r in &c.routes {
+        for r in &c.upstreams {
             println!(
                 "  [{}] {} {} {} model={} weight={} priority={}",
                 r.index,

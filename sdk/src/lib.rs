@@ -1,8 +1,8 @@
 //! Write Switchyard routing strategies as WebAssembly components.
 //!
-//! A strategy orders the routes of one model for each request. The host compiles it once, creates one
-//! router per canonical model with the model's `router_params`, pushes the route table, and then calls
-//! [`Strategy::select`] on the hot path with numbers only. This crate hides the component-model
+//! A strategy orders the upstreams of one model (the entries of its `route:` list) for each request.
+//! The host compiles it once, creates one router per canonical model with the model's `router_params`,
+//! pushes the upstream table, and then calls [`Strategy::select`] on the hot path with numbers only. This crate hides the component-model
 //! plumbing: implement [`Strategy`] on a plain Rust type and export it with [`export_strategy!`].
 //!
 //! ```
@@ -56,11 +56,11 @@ pub use prefill::{least_loaded, p2c, prefill_aware_primary};
 pub use rng::Rng;
 
 pub use __private::bindings::exports::switchyard::router::strategy::{
-    Candidate, Decision, Observation, Request, Route, StrategyInfo,
+    Candidate, Decision, Observation, Request, StrategyInfo, Upstream,
 };
 pub use __private::bindings::switchyard::router::host::LogLevel;
 pub use __private::bindings::switchyard::router::types::{
-    CircuitState, Modalities, PrefillPolicy, Pricing,
+    CircuitState, HedgeRequest, Modalities, PrefillPolicy, Pricing,
 };
 
 /// Re-exported so strategies can build `status` JSON without depending on it themselves.
@@ -69,8 +69,9 @@ pub use serde_json;
 /// Version of the `switchyard:router` WIT package this SDK implements.
 ///
 /// [`export_strategy!`] stamps it into the component's `switchyard-router-api` custom section, so the
-/// host can tell which API a component was built against before instantiating it.
-pub const API_VERSION: &str = "0.1.0";
+/// host can tell which API a component was built against before instantiating it. Components built
+/// with an older SDK keep working: the host still runs every version it lists in the README.
+pub const API_VERSION: &str = "0.2.0";
 
 /// A routing strategy: one value per canonical model, owned by the host for the life of the model.
 ///
@@ -90,13 +91,14 @@ pub trait Strategy: Sized + 'static {
     /// operator and the model is not served by this strategy.
     fn create(model_id: &str, params: Self::Params) -> Result<Self, String>;
 
-    /// The model's effective routes, in declared order. Called before the first `select` and after any
-    /// route change. Later calls replace the table.
-    fn refresh_route_table(&mut self, _routes: &[Route]) {}
+    /// The model's effective upstreams, in declared order. Called before the first `select` and after
+    /// any change to them. Later calls replace the table.
+    fn refresh_upstreams(&mut self, _upstreams: &[Upstream]) {}
 
-    /// Orders `candidates` for one request: [`Decision::order`] lists declared indexes, primary first.
+    /// Orders `candidates` for one request: [`Decision::order`] lists declared indexes, primary first;
+    /// [`Decision::with_hedge`] asks the host to race a backup when the primary is slow.
     ///
-    /// The host admitted these candidates (a subset of the route table, any order); an order naming
+    /// The host admitted these candidates (a subset of the upstream table, any order); an order naming
     /// anything else, repeating an index, or empty makes the host fall back to declared order, as
     /// does an `Err`. Use [`Rng::for_request`] for randomness so a decision is reproducible.
     fn select(&mut self, request: &Request, candidates: &[Candidate]) -> Result<Decision, String>;
@@ -139,12 +141,22 @@ impl StrategyInfo {
 }
 
 impl Decision {
-    /// A decision with the given order (declared indexes, primary first) and no metadata.
+    /// A decision with the given order (declared indexes, primary first), no hedge and no metadata.
     pub fn new(order: Vec<u32>) -> Self {
         Self {
             order,
+            hedge: None,
             strategy_metadata: String::new(),
         }
+    }
+
+    /// Asks the host to send the request to `backup` (a declared index other than the primary) too
+    /// when the primary has not answered `after_ms` milliseconds after it was sent; the first answer
+    /// wins and the other attempt is cancelled.
+    #[must_use]
+    pub fn with_hedge(mut self, after_ms: u32, backup: u32) -> Self {
+        self.hedge = Some(HedgeRequest { after_ms, backup });
+        self
     }
 
     /// Attaches metadata; the host hands it back in the [`Observation`]s of this request.
@@ -170,12 +182,14 @@ impl Candidate {
             uncached_prompt_tokens: 0,
             ttft_ms: None,
             latency_ms: None,
+            inflight_requests: 0,
+            affinity_pinned: false,
         }
     }
 }
 
-impl Route {
-    /// A route with the given declared index and weight, priority 0, empty strings, no modalities, no
+impl Upstream {
+    /// An upstream with the given declared index and weight, priority 0, empty strings, no modalities, no
     /// pricing and `{}` metadata. Meant for tests; the host fills in every field.
     pub fn new(index: u32, weight: f64) -> Self {
         Self {
@@ -205,6 +219,7 @@ impl Request {
             seed,
             now_ms: 0,
             prefill: PrefillPolicy::DEFAULT,
+            remaining_budget_usd: None,
         }
     }
 }
@@ -264,7 +279,7 @@ pub mod __private {
     )]
     pub mod bindings {
         wit_bindgen::generate!({
-            path: "../wit/since_v0.1.0",
+            path: "../wit/since_v0.2.0",
             world: "strategy-component",
             pub_export_macro: true,
             export_macro_name: "__export_strategy_component",
@@ -274,7 +289,8 @@ pub mod __private {
     }
 
     use bindings::exports::switchyard::router::strategy::{
-        Candidate, Decision, Guest, GuestRouter, Observation, Request, Route, Router, StrategyInfo,
+        Candidate, Decision, Guest, GuestRouter, Observation, Request, Router, StrategyInfo,
+        Upstream,
     };
 
     /// [`crate::API_VERSION`] as the bytes of the `switchyard-router-api` custom section.
@@ -318,8 +334,8 @@ pub mod __private {
             Ok(Router::new(RouterCell(RefCell::new(strategy))))
         }
 
-        fn refresh_route_table(&self, routes: Vec<Route>) {
-            self.0.borrow_mut().refresh_route_table(&routes);
+        fn refresh_upstreams(&self, upstreams: Vec<Upstream>) {
+            self.0.borrow_mut().refresh_upstreams(&upstreams);
         }
 
         fn select(&self, request: Request, candidates: Vec<Candidate>) -> Result<Decision, String> {
@@ -346,7 +362,7 @@ mod tests {
 
     #[test]
     fn api_version_matches_the_wit_package() {
-        let wit = include_str!("../../wit/since_v0.1.0/router.wit");
+        let wit = include_str!("../../wit/since_v0.2.0/router.wit");
         assert!(wit.contains(&format!("package switchyard:router@{API_VERSION};")));
         assert_eq!(&__private::API_VERSION_BYTES, API_VERSION.as_bytes());
     }
@@ -361,5 +377,14 @@ mod tests {
         let decision = Decision::new(vec![2, 0]).with_metadata("m");
         assert_eq!(decision.order, vec![2, 0]);
         assert_eq!(decision.strategy_metadata, "m");
+        assert_eq!(decision.hedge, None);
+        let hedged = decision.with_hedge(250, 0);
+        assert_eq!(
+            hedged.hedge,
+            Some(HedgeRequest {
+                after_ms: 250,
+                backup: 0
+            })
+        );
     }
 }

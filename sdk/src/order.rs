@@ -1,6 +1,6 @@
 //! Building blocks for ordering candidates.
 //!
-//! "Position" means a position in the `candidates` slice passed to `select`; "index" means a route's
+//! "Position" means a position in the `candidates` slice passed to `select`; "index" means an upstream's
 //! declared index ([`Candidate::index`]), which is what a [`Decision`](crate::Decision) lists. The host
 //! may pass candidates in any order, so helpers that speak of declared order sort by index.
 

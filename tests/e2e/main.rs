@@ -26,3 +26,4 @@ mod sdk_clients;
 mod store;
 mod strategies;
 mod strategies_run;
+mod wit_versions;

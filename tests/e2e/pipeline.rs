@@ -59,9 +59,9 @@ async fn with_every_positive_route_open_a_weight_zero_route_is_never_chosen() {
     let err = select::select(&model, &RequestFacts::default(), &ctx, None)
         .await
         .unwrap_err();
-    assert!(matches!(err, SelectionError::NoAdmissibleRoute { .. }));
+    assert!(matches!(err, SelectionError::NoAdmissibleUpstream { .. }));
     assert_eq!(
         err.to_string(),
-        "no route of model `m` can take this request: m:local-7001 (circuit open), m:local-7002 (circuit open), m:local-7003 (weight 0)"
+        "no upstream of model `m` can take this request: m:local-7001 (circuit open), m:local-7002 (circuit open), m:local-7003 (weight 0)"
     );
 }

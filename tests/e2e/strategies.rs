@@ -4,10 +4,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use switchyard::strategy::bindings::PrefillPolicy;
 use switchyard::strategy::{
-    Candidate, CircuitState, Modalities, ModelRouter, Request, StrategyEngine, StrategyError,
-    StrategyLimits, catalog, contract,
+    Candidate, CircuitState, Modalities, ModelRouter, PrefillPolicy, Request, StrategyEngine,
+    StrategyError, StrategyLimits, catalog, contract,
 };
 
 use crate::harness::{Gateway, Mock, chat_body, component};
@@ -52,6 +51,7 @@ fn request() -> Request {
             elephant_tokens: 200_000,
             elephant_limit: 1,
         },
+        remaining_budget_usd: None,
     }
 }
 
@@ -68,6 +68,8 @@ fn candidates() -> Vec<Candidate> {
             uncached_prompt_tokens: 10,
             ttft_ms: None,
             latency_ms: None,
+            inflight_requests: 0,
+            affinity_pinned: false,
         })
         .collect()
 }

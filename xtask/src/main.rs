@@ -2,7 +2,8 @@
 //!
 //! - `build-strategies`: builds every strategy component for `wasm32-wasip2` with the `wasm` profile and
 //!   copies them to `<target>/strategies/<name>.wasm` (built-ins) and
-//!   `<target>/strategies-testing/<name>.wasm` (deliberately broken test components), where `<target>` is
+//!   `<target>/strategies-testing/<name>.wasm` (test components: deliberately broken ones, and one built
+//!   against the frozen WIT 0.1.0), where `<target>` is
 //!   Cargo's target directory (`CARGO_TARGET_DIR`, else `<workspace>/target`).
 //! - `demo`: builds everything, starts two mock upstreams on 127.0.0.1:9001/9002 and serves
 //!   `config/switchyard.yaml` in the foreground (Ctrl-C stops all three).
@@ -55,6 +56,12 @@ const COMPONENTS: &[Component] = &[
         package: "strategy-trap-on-select",
         dir: "strategies-testing",
         file: "trap_on_select.wasm",
+    },
+    // Built against the frozen WIT 0.1.0 without the SDK: proves old components keep working.
+    Component {
+        package: "strategy-v0-1-fixture",
+        dir: "strategies-testing",
+        file: "v0_1_fixture.wasm",
     },
 ];
 

@@ -117,7 +117,7 @@ pub async fn list(_: AdminCaller, State(g): State<Arc<Gateway>>) -> Json<Provide
     let table = g.table();
     let mut keys: BTreeMap<(String, String), PoolKeyView> = BTreeMap::new();
     for model in table.models() {
-        for route in model.routes() {
+        for route in model.upstreams() {
             let (Some(key), Some(secret)) = (&route.key, &route.api_key) else {
                 continue;
             };

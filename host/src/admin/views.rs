@@ -28,13 +28,13 @@ pub async fn routing(
     let mut models = Vec::new();
     for m in table.models().filter(|m| m.config.published) {
         let total: f64 = m
-            .routes()
+            .upstreams()
             .iter()
             .filter(|r| gateway.routing.health.admits(&r.endpoint_id, now).is_some())
             .map(|r| r.weight)
             .sum();
         let routes: Vec<_> = m
-            .routes()
+            .upstreams()
             .iter()
             .map(|r| {
                 let circuit = gateway.routing.health.circuit(&r.endpoint_id, now);

@@ -84,9 +84,9 @@ pub async fn put_weights(
         ));
     };
     for endpoint in update.weights.keys() {
-        if !model.routes().iter().any(|r| &r.endpoint_id == endpoint) {
+        if !model.upstreams().iter().any(|r| &r.endpoint_id == endpoint) {
             let known: Vec<&str> = model
-                .routes()
+                .upstreams()
                 .iter()
                 .map(|r| r.endpoint_id.as_str())
                 .collect();
@@ -135,7 +135,7 @@ pub async fn set_provider(
     Path((target, action)): Path<(String, String)>,
 ) -> Result<Json<Overrides>, ApiError> {
     let known = gateway.table().models().any(|m| {
-        m.routes()
+        m.upstreams()
             .iter()
             .any(|r| r.endpoint_id == target || r.kind.as_str() == target)
     });

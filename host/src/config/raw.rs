@@ -18,7 +18,7 @@ pub struct RawConfig {
     #[serde(default)]
     pub routing: RawRouting,
     #[serde(default)]
-    pub upstream: RawUpstream,
+    pub upstream: RawUpstreamClient,
     #[serde(default)]
     pub health: RawHealth,
     /// Inbound routes (path prefixes and their authentication), beside those in the database.
@@ -242,7 +242,7 @@ fn default_router() -> String {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawUpstream {
+pub struct RawUpstreamClient {
     /// TCP connect timeout to an upstream.
     pub connect_timeout_ms: Option<u64>,
     /// Time allowed until the upstream's response headers arrive.
@@ -265,7 +265,7 @@ pub struct RawModel {
     #[serde(default = "yes")]
     pub published: bool,
     #[serde(default)]
-    pub route: Vec<RawRoute>,
+    pub route: Vec<RawUpstream>,
 }
 
 fn yes() -> bool {
@@ -292,7 +292,7 @@ impl ProviderKind {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawRoute {
+pub struct RawUpstream {
     pub kind: ProviderKind,
     #[serde(default = "default_weight")]
     pub weight: f64,

@@ -14,7 +14,7 @@ pub struct Config {
     pub database_url: String,
     pub strategies: StrategiesConfig,
     pub routing: RoutingConfig,
-    pub upstream: UpstreamConfig,
+    pub upstream: UpstreamClientConfig,
     pub health: crate::routing::health::HealthConfig,
     pub models: Vec<ModelConfig>,
     /// Inbound routes declared in the file, validated like the database's (ids `yaml:NAME`).
@@ -68,13 +68,13 @@ pub struct HealthCheckConfig {
 }
 
 #[derive(Debug, Clone)]
-pub struct UpstreamConfig {
+pub struct UpstreamClientConfig {
     pub connect_timeout: Duration,
     pub first_byte_timeout: Duration,
     pub request_timeout: Duration,
 }
 
-/// One public model and its routes, in declared order.
+/// One public model and its upstreams (YAML `route:`), in declared order.
 #[derive(Debug, Clone)]
 pub struct ModelConfig {
     pub id: String,
@@ -82,12 +82,12 @@ pub struct ModelConfig {
     pub router: String,
     pub router_params: serde_json::Value,
     pub published: bool,
-    pub routes: Vec<RouteConfig>,
+    pub upstreams: Vec<ModelUpstream>,
 }
 
 /// One upstream a model can be served by.
 #[derive(Debug, Clone)]
-pub struct RouteConfig {
+pub struct ModelUpstream {
     /// Position in the model's `route:` list.
     pub index: u32,
     /// `{model_id}:{location}`: the key of health, latency profiles and logs.

@@ -67,7 +67,7 @@ fn defaults_fill_in() {
     )
     .unwrap();
     assert_eq!(c.models[0].router, "fixed");
-    let r = &c.models[0].routes[0];
+    let r = &c.models[0].upstreams[0];
     assert_eq!(r.endpoint_id, "m:local-9001");
     assert_eq!(r.base_url, "http://127.0.0.1:9001/v1");
     assert_eq!(r.provider_model_id, "m");
@@ -83,7 +83,7 @@ fn duplicate_locations_get_distinct_endpoint_ids() {
     )
     .unwrap();
     let ids: Vec<_> = c.models[0]
-        .routes
+        .upstreams
         .iter()
         .map(|r| r.endpoint_id.as_str())
         .collect();

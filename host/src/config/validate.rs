@@ -8,8 +8,8 @@ use std::time::Duration;
 use super::knobs::{affinity_and_prefill, health_config, key_pool_config, pick};
 use super::{
     Config, ConfigError, DEFAULT_GROUP, DatabaseModelsConfig, DefaultAuth, HealthCheckConfig,
-    ModelConfig, PoolKey, RouteConfig, RoutingConfig, ServerConfig, StrategiesConfig,
-    UpstreamConfig, endpoint_id, raw,
+    ModelConfig, ModelUpstream, PoolKey, RoutingConfig, ServerConfig, StrategiesConfig,
+    UpstreamClientConfig, endpoint_id, raw,
 };
 
 pub(super) fn parse(path: &Path, text: &str) -> Result<raw::RawConfig, ConfigError> {
@@ -154,7 +154,7 @@ pub(super) fn validate(
                     None => keys.push((key, role)),
                 }
             }
-            let template = RouteConfig {
+            let template = ModelUpstream {
                 index: 0,
                 endpoint_id: endpoint_id.clone(),
                 kind: r.kind,
@@ -181,7 +181,7 @@ pub(super) fn validate(
                     .unwrap_or_else(|| r.kind.default_capabilities()),
             };
             if keys.is_empty() {
-                routes.push(RouteConfig {
+                routes.push(ModelUpstream {
                     index: routes.len() as u32,
                     ..template
                 });
@@ -190,7 +190,7 @@ pub(super) fn validate(
             // The route's share of traffic is split evenly among its keys.
             let share = r.weight / keys.len() as f64;
             for (slot, (key, role)) in keys.into_iter().enumerate() {
-                routes.push(RouteConfig {
+                routes.push(ModelUpstream {
                     index: routes.len() as u32,
                     weight: share,
                     declared_weight: share,
@@ -217,7 +217,7 @@ pub(super) fn validate(
             aliases: m.aliases,
             router_params,
             published: m.published,
-            routes,
+            upstreams: routes,
         });
     }
 
@@ -358,7 +358,7 @@ pub(super) fn validate(
             key_pools,
         },
         health,
-        upstream: UpstreamConfig {
+        upstream: UpstreamClientConfig {
             connect_timeout: Duration::from_millis(u.connect_timeout_ms.unwrap_or(2000)),
             first_byte_timeout: Duration::from_secs(u.first_byte_timeout_seconds.unwrap_or(300)),
             request_timeout: Duration::from_secs(u.request_timeout_seconds.unwrap_or(600)),

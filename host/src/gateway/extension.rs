@@ -13,8 +13,8 @@ use async_trait::async_trait;
 use serde_json::Value;
 
 use super::Gateway;
-use crate::config::{ModelConfig, RouteConfig};
-use crate::routing::table::RouteTable;
+use crate::config::{ModelConfig, ModelUpstream};
+use crate::routing::table::ModelTable;
 use crate::store::{Snapshot, Store};
 use crate::strategy::{StrategyCatalog, StrategyEngine};
 
@@ -28,18 +28,18 @@ pub trait Extension: std::fmt::Debug + Send + Sync + 'static {
         &self,
         _models: &mut [ModelConfig],
         _snapshot: &Snapshot,
-        _current: &RouteTable,
+        _current: &ModelTable,
         _engine: &StrategyEngine,
         _catalog: &StrategyCatalog,
     ) {
     }
 
     /// The table was rebuilt from a snapshot (at startup too, before the gateway listens).
-    async fn on_table(&self, _table: &RouteTable, _store: Option<&Store>) {}
+    async fn on_table(&self, _table: &ModelTable, _store: Option<&Store>) {}
 
-    /// A model's upstreams as they are pushed to its strategy: may add route metadata.
-    fn route_metadata(&self, routes: &[RouteConfig]) -> Vec<RouteConfig> {
-        routes.to_vec()
+    /// A model's upstreams as they are pushed to its strategy: may add to their metadata.
+    fn upstream_metadata(&self, upstreams: &[ModelUpstream]) -> Vec<ModelUpstream> {
+        upstreams.to_vec()
     }
 
     /// Starts the extension's background tasks, once, after the first snapshot is applied. Tasks

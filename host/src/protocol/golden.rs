@@ -167,7 +167,7 @@ fn requests_translate_between_every_pair() {
             .parse_request(&bytes(&client_request(client)))
             .unwrap();
         assert_eq!(r.prompt_token_estimate(), (28 + 14 + 13 + 10 + 18) / 4 + 85);
-        assert_eq!(r.modalities(), crate::strategy::Modalities::IMAGE);
+        assert_eq!(r.modalities(), crate::protocol::ir::Modalities::IMAGE);
         for upstream in Dialect::ALL {
             let built = parse(&upstream.build_request(&r, "provider-model"));
             assert_eq!(
@@ -315,7 +315,10 @@ fn dialect_specific_request_fields() {
     let r = chat(json!({"messages": [{"role": "user", "content": [
         {"type": "text", "text": "listen"},
         {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}]}]}));
-    assert!(r.modalities().contains(crate::strategy::Modalities::AUDIO));
+    assert!(
+        r.modalities()
+            .contains(crate::protocol::ir::Modalities::AUDIO)
+    );
     assert_eq!(
         build(Dialect::OpenAiChat, &r)["messages"][0]["content"][1]["type"],
         "input_audio"

@@ -9,7 +9,40 @@
 use serde_json::{Map, Value};
 
 use super::Dialect;
-use crate::strategy::Modalities;
+
+/// The non-text inputs a request carries, as a set of flags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Modalities(u8);
+
+impl Modalities {
+    pub const IMAGE: Modalities = Modalities(1);
+    pub const AUDIO: Modalities = Modalities(1 << 1);
+    pub const VIDEO: Modalities = Modalities(1 << 2);
+
+    /// Text only.
+    pub const fn empty() -> Modalities {
+        Modalities(0)
+    }
+
+    /// Whether every flag of `other` is set here.
+    pub const fn contains(self, other: Modalities) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl std::ops::BitOr for Modalities {
+    type Output = Modalities;
+
+    fn bitor(self, other: Modalities) -> Modalities {
+        Modalities(self.0 | other.0)
+    }
+}
+
+impl std::ops::BitOrAssign for Modalities {
+    fn bitor_assign(&mut self, other: Modalities) {
+        self.0 |= other.0;
+    }
+}
 
 /// Token estimate of one image part, whatever its size (the reference estimator's flat rate).
 pub const IMAGE_TOKENS: u32 = 85;

@@ -22,7 +22,7 @@ pub fn error_body(status: u16, message: &str) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::strategy::Modalities;
+    use crate::protocol::ir::Modalities;
 
     #[test]
     fn estimates_characters_over_four_and_flat_images() {

@@ -17,7 +17,7 @@
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::config::RouteConfig;
+use crate::config::ModelUpstream;
 use crate::store::Pool;
 use crate::strategy::Observation;
 
@@ -93,7 +93,7 @@ pub async fn read_rows(
 }
 
 /// The observations of `rows` for a model with `routes`, and how many rows were skipped.
-pub fn observations(rows: &[LogRow], routes: &[RouteConfig]) -> (Vec<Observation>, usize) {
+pub fn observations(rows: &[LogRow], routes: &[ModelUpstream]) -> (Vec<Observation>, usize) {
     let clamp = |n: Option<i32>| n.map_or(0, |n| u32::try_from(n).unwrap_or(0));
     let mut skipped = 0;
     let mut out = Vec::with_capacity(rows.len());
@@ -147,14 +147,14 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn route(index: u32, id: &str) -> RouteConfig {
+    fn route(index: u32, id: &str) -> ModelUpstream {
         let config = crate::config::Config::from_yaml(
             std::path::Path::new("t.yaml"),
             "models:\n  - id: m\n    route:\n      - kind: openai_compat\n        base_url: http://127.0.0.1:1/v1\n",
             &|_| None,
         )
         .unwrap();
-        let mut r = config.models[0].routes[0].clone();
+        let mut r = config.models[0].upstreams[0].clone();
         r.index = index;
         r.endpoint_id = id.to_owned();
         r

@@ -7,10 +7,10 @@ use async_trait::async_trait;
 use serde_json::Value;
 
 use super::{RouteWiseHost, probe, quota};
-use crate::config::{ModelConfig, RouteConfig};
+use crate::config::{ModelConfig, ModelUpstream};
 use crate::gateway::Gateway;
 use crate::gateway::extension::Extension;
-use crate::routing::table::RouteTable;
+use crate::routing::table::ModelTable;
 use crate::store::{Snapshot, Store};
 use crate::strategy::{StrategyCatalog, StrategyEngine};
 
@@ -21,7 +21,7 @@ impl Extension for RouteWiseHost {
         &self,
         models: &mut [ModelConfig],
         snapshot: &Snapshot,
-        current: &RouteTable,
+        current: &ModelTable,
         engine: &StrategyEngine,
         catalog: &StrategyCatalog,
     ) {
@@ -30,13 +30,13 @@ impl Extension for RouteWiseHost {
     }
 
     /// New routers start from the request log when their params ask for it.
-    async fn on_table(&self, table: &RouteTable, store: Option<&Store>) {
+    async fn on_table(&self, table: &ModelTable, store: Option<&Store>) {
         self.bootstrap_new_routers(table, store).await;
     }
 
-    /// Quota routes get their latest `quota_snapshot`, so a rebuilt table keeps them.
-    fn route_metadata(&self, routes: &[RouteConfig]) -> Vec<RouteConfig> {
-        self.quota.with_snapshots(routes)
+    /// Quota upstreams get their latest `quota_snapshot`, so a rebuilt table keeps them.
+    fn upstream_metadata(&self, upstreams: &[ModelUpstream]) -> Vec<ModelUpstream> {
+        self.quota.with_snapshots(upstreams)
     }
 
     /// The quota refresh (now and then every `quota_snapshot_refresh_interval_sec`) and the prober

@@ -33,7 +33,7 @@ use parking_lot::Mutex;
 use serde_json::Value;
 
 use crate::config::ModelConfig;
-use crate::routing::table::RouteTable;
+use crate::routing::table::ModelTable;
 use crate::store::{Snapshot, Store};
 use crate::strategy::{CatalogEntry, LoadedStrategy, ModelRouter, StrategyCatalog, StrategyEngine};
 use bootstrap::{BootstrapReport, BootstrapSettings};
@@ -103,13 +103,13 @@ impl RouteWiseHost {
 
     /// Layers the snapshot's settings onto every RouteWise model of `models` (see [`settings`]).
     /// Params that change are checked first (schema, then the strategy's `create`); when the check
-    /// fails, the model keeps the params it is served with in `current` (so `RouteTable::rebuild`
+    /// fails, the model keeps the params it is served with in `current` (so `ModelTable::rebuild`
     /// keeps its router and learned state), or its config params if it is new.
     pub async fn apply_settings(
         &self,
         models: &mut [ModelConfig],
         snapshot: &Snapshot,
-        current: &RouteTable,
+        current: &ModelTable,
         engine: &StrategyEngine,
         catalog: &StrategyCatalog,
     ) {
@@ -170,7 +170,7 @@ impl RouteWiseHost {
     /// Replays the request log into every RouteWise router of `table` that is new since the last
     /// call and enables the bootstrap (see [`bootstrap`]). Called after each table change, and so
     /// at startup before the gateway listens.
-    pub async fn bootstrap_new_routers(&self, table: &RouteTable, store: Option<&Store>) {
+    pub async fn bootstrap_new_routers(&self, table: &ModelTable, store: Option<&Store>) {
         let fresh: Vec<_> = {
             let mut seen = self.bootstrapped.lock();
             seen.retain(|w| w.strong_count() > 0);
@@ -218,7 +218,7 @@ impl RouteWiseHost {
                     {
                         Ok(rows) => {
                             let (observations, skipped) =
-                                bootstrap::observations(&rows, model.routes());
+                                bootstrap::observations(&rows, model.upstreams());
                             for o in &observations {
                                 model.router.observe(o).await;
                             }

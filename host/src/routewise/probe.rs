@@ -19,11 +19,11 @@ use futures::StreamExt;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::config::{ModelConfig, RouteConfig};
+use crate::config::{ModelConfig, ModelUpstream};
 use crate::protocol::inbound::Inbound;
 use crate::protocol::ir;
 use crate::routewise::quota::QuotaBoard;
-use crate::routing::table::RouteTable;
+use crate::routing::table::ModelTable;
 use crate::strategy::{ModelRouter, Observation};
 use crate::upstream::{
     Attempt, AttemptEnd, AttemptError, AttemptSink, ChatAnswer, UpstreamClient, upstream_dialect,
@@ -95,10 +95,10 @@ pub fn pick<'a>(
     router: &ModelRouter,
     settings: ProbeSettings,
     now_ms: u64,
-) -> Option<&'a RouteConfig> {
+) -> Option<&'a ModelUpstream> {
     let threshold = settings.idle_threshold_sec.saturating_mul(1_000);
     model
-        .routes
+        .upstreams
         .iter()
         .filter(|r| r.weight > 0.0)
         .map(|r| {
@@ -110,7 +110,7 @@ pub fn pick<'a>(
         .filter(|(_, idle)| *idle >= threshold)
         .fold(
             None,
-            |best: Option<(&RouteConfig, u64)>, (r, idle)| match best {
+            |best: Option<(&ModelUpstream, u64)>, (r, idle)| match best {
                 Some((_, best_idle)) if best_idle >= idle => best,
                 _ => Some((r, idle)),
             },
@@ -120,7 +120,7 @@ pub fn pick<'a>(
 
 /// Streams a one-token `ping` to `route` through the same [`Attempt`] live traffic uses, and turns
 /// the outcome into an observation.
-pub async fn probe(client: &UpstreamClient, route: &RouteConfig) -> (Observation, ProbeRecord) {
+pub async fn probe(client: &UpstreamClient, route: &ModelUpstream) -> (Observation, ProbeRecord) {
     let dialect = upstream_dialect(route.kind);
     let mut request = ir::Request::new(
         route.provider_model_id.clone(),
@@ -223,7 +223,7 @@ impl AttemptSink for ProbeSink {
 /// (the loop ends).
 pub fn spawn<F>(board: Arc<ProbeBoard>, client: UpstreamClient, quota: Arc<QuotaBoard>, table: F)
 where
-    F: Fn() -> Option<Arc<RouteTable>> + Send + 'static,
+    F: Fn() -> Option<Arc<ModelTable>> + Send + 'static,
 {
     tokio::spawn(async move {
         let mut timer = tokio::time::interval(TICK);

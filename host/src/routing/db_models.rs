@@ -9,12 +9,12 @@
 
 use std::collections::BTreeMap;
 
-use crate::config::{Capability, Config, ModelConfig, RouteConfig};
+use crate::config::{Capability, Config, ModelConfig, ModelUpstream};
 use crate::entity as db;
 use crate::store::Snapshot;
 
 /// The database's routes for the public model `name`, indexed from `first_index`.
-fn database_routes(snapshot: &Snapshot, name: &str, first_index: u32) -> Vec<RouteConfig> {
+fn database_routes(snapshot: &Snapshot, name: &str, first_index: u32) -> Vec<ModelUpstream> {
     let mut routes = Vec::new();
     for target in snapshot.model_targets(name) {
         let upstream = target.upstream;
@@ -53,7 +53,7 @@ fn database_routes(snapshot: &Snapshot, name: &str, first_index: u32) -> Vec<Rou
             if let Some(k) = key {
                 metadata.insert("upstream_key_id".into(), k.id.clone().into());
             }
-            routes.push(RouteConfig {
+            routes.push(ModelUpstream {
                 index: first_index + routes.len() as u32,
                 endpoint_id,
                 kind: target.provider.protocol.into(),
@@ -110,8 +110,10 @@ pub fn merged_models(config: &Config, snapshot: &Snapshot) -> Vec<ModelConfig> {
             .iter_mut()
             .find(|m| m.id == name || m.aliases.iter().any(|a| a == name))
         {
-            let next = model.routes.len() as u32;
-            model.routes.extend(database_routes(snapshot, name, next));
+            let next = model.upstreams.len() as u32;
+            model
+                .upstreams
+                .extend(database_routes(snapshot, name, next));
             continue;
         }
         let d = &config.routing.database_models;
@@ -123,7 +125,7 @@ pub fn merged_models(config: &Config, snapshot: &Snapshot) -> Vec<ModelConfig> {
                 router: d.router.clone(),
                 router_params: d.router_params.clone(),
                 published: true,
-                routes: database_routes(snapshot, name, 0),
+                upstreams: database_routes(snapshot, name, 0),
             },
         );
     }
@@ -148,13 +150,13 @@ fn apply_strictest_reservations(models: &mut [ModelConfig], snapshot: &Snapshot)
             .or_default();
         *role = (*role).max(k.min_role);
     }
-    for route in models.iter().flat_map(|m| m.routes.iter()) {
+    for route in models.iter().flat_map(|m| m.upstreams.iter()) {
         if let Some(key) = &route.key {
             let role = strictest.entry(key.fingerprint.clone()).or_default();
             *role = (*role).max(route.min_role);
         }
     }
-    for route in models.iter_mut().flat_map(|m| m.routes.iter_mut()) {
+    for route in models.iter_mut().flat_map(|m| m.upstreams.iter_mut()) {
         if let Some(key) = &route.key {
             route.min_role = strictest
                 .get(&key.fingerprint)
@@ -263,7 +265,7 @@ mod tests {
             serde_json::json!({"fallback_order": "weighted"})
         );
         let summary: Vec<(&str, f64, i32, &str, Option<&str>)> = db_only
-            .routes
+            .upstreams
             .iter()
             .map(|r| {
                 (
@@ -286,9 +288,9 @@ mod tests {
                 ("db-only:u-plain", 1.5, 0, "default", None),
             ]
         );
-        let indexes: Vec<u32> = db_only.routes.iter().map(|r| r.index).collect();
+        let indexes: Vec<u32> = db_only.upstreams.iter().map(|r| r.index).collect();
         assert_eq!(indexes, vec![0, 1, 2, 3]);
-        let first = &db_only.routes[0];
+        let first = &db_only.upstreams[0];
         assert_eq!(first.kind, ProviderKind::Anthropic);
         assert_eq!(first.base_url, "http://127.0.0.1:9/u-keys/v1");
         assert_eq!(first.provider_model_id, "db-only-upstream");
@@ -303,9 +305,9 @@ mod tests {
             vec!["yaml-model", "db-only"]
         );
         let yaml = &models[0];
-        assert_eq!(yaml.routes.len(), 2);
-        assert_eq!(yaml.routes[1].index, 1);
-        assert_eq!(yaml.routes[1].endpoint_id, "yaml-alias:u-plain");
-        assert_eq!(yaml.routes[0].group, "default");
+        assert_eq!(yaml.upstreams.len(), 2);
+        assert_eq!(yaml.upstreams[1].index, 1);
+        assert_eq!(yaml.upstreams[1].endpoint_id, "yaml-alias:u-plain");
+        assert_eq!(yaml.upstreams[0].group, "default");
     }
 }

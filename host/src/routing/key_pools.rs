@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::config::{PoolKey, RouteConfig};
+use crate::config::{ModelUpstream, PoolKey};
 use crate::entity::Role;
 
 /// Key-pool knobs.
@@ -207,9 +207,12 @@ impl KeyPools {
         );
     }
 
-    /// Records every pool's declarations from a new route table; bindings whose preferred key
+    /// Records every pool's declarations from a new upstream table; bindings whose preferred key
     /// changed (or whose key left the pool) are dropped. Returns how many were dropped.
-    pub fn update_declarations<'a>(&self, routes: impl Iterator<Item = &'a RouteConfig>) -> usize {
+    pub fn update_declarations<'a>(
+        &self,
+        routes: impl Iterator<Item = &'a ModelUpstream>,
+    ) -> usize {
         let mut next: HashMap<String, Declarations> = HashMap::new();
         for route in routes {
             if let Some(key) = &route.key {
@@ -264,7 +267,7 @@ fn preferred(declarations: Option<&Declarations>, role: Option<Role>) -> Option<
 /// ordered them when the keys carry their own weights). Positions of routes without a key do not
 /// move, so the strategy still decides which upstream is tried when.
 pub fn order_within_pools(
-    routes: &[RouteConfig],
+    routes: &[ModelUpstream],
     order: &mut [usize],
     bound: &dyn Fn(&str) -> Option<String>,
 ) {
@@ -309,8 +312,8 @@ mod tests {
     use super::*;
     use crate::config::ProviderKind;
 
-    fn route(index: u32, pool: &str, slot: usize, secret: &str, min_role: Role) -> RouteConfig {
-        RouteConfig {
+    fn route(index: u32, pool: &str, slot: usize, secret: &str, min_role: Role) -> ModelUpstream {
+        ModelUpstream {
             index,
             endpoint_id: format!("m:{pool}"),
             kind: ProviderKind::OpenaiCompat,
@@ -476,7 +479,7 @@ mod tests {
         assert!(pools.binding(&free, "b", Some(Role::Free), now).is_some());
 
         // The bound key is removed: its binding goes.
-        let v3: Vec<RouteConfig> = v2.iter().filter(|r| r.index != 1).cloned().collect();
+        let v3: Vec<ModelUpstream> = v2.iter().filter(|r| r.index != 1).cloned().collect();
         assert_eq!(pools.update_declarations(v3.iter()), 1);
         assert!(pools.binding(&free, "a", Some(Role::Free), now).is_none());
         // Bindings expire after five minutes.

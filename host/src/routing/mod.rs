@@ -5,6 +5,7 @@ pub mod affinity;
 pub mod db_models;
 pub mod dispatch;
 pub mod health;
+pub mod inflight;
 pub mod key_pools;
 pub mod policy;
 pub mod prefill;
@@ -25,6 +26,8 @@ pub struct RoutingContext {
     /// The gateway's extension ([`crate::gateway::extension`]); the ledger tells it of every
     /// attempt. `()` until the gateway installs its own.
     pub extension: Arc<dyn crate::gateway::extension::Extension>,
+    /// Attempts in flight per endpoint (a candidate's `inflight-requests`).
+    pub inflight: Arc<inflight::InFlight>,
 }
 
 impl RoutingContext {
@@ -37,6 +40,7 @@ impl RoutingContext {
                 config.routing.key_pools,
             )),
             extension: Arc::new(()),
+            inflight: Arc::new(inflight::InFlight::new()),
         }
     }
 }

@@ -1,4 +1,4 @@
-//! Effective route weights: the declared weights, rewritten by the deployment policy
+//! Effective upstream weights: the declared weights, rewritten by the deployment policy
 //! (`local_fraction`), runtime overrides from the admin API, operator disables and failing health
 //! checks. The result is what selection and strategies see.
 
@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{ModelConfig, RouteConfig};
+use crate::config::{ModelConfig, ModelUpstream};
 
 /// Runtime changes made through the admin API. Per process, like all routing state.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -17,9 +17,9 @@ pub struct Overrides {
     pub disabled: BTreeSet<String>,
 }
 
-/// Why a route ended up with weight 0, shown in exclusions and `/routing`.
-pub fn zero_reason(route: &RouteConfig) -> &'static str {
-    route.weight_note.unwrap_or("weight 0")
+/// Why a upstream ended up with weight 0, shown in exclusions and `/routing`.
+pub fn zero_reason(upstream: &ModelUpstream) -> &'static str {
+    upstream.weight_note.unwrap_or("weight 0")
 }
 
 /// `scheme://host:port` of a base URL: what the health-check loop probes.
@@ -35,12 +35,12 @@ pub fn origin(base_url: &str) -> Option<String> {
     Some(format!("{}://{host}:{port}", url.scheme()))
 }
 
-/// Rewrites `model.routes[*].weight` (keeping `declared_weight`) from the policy inputs.
+/// Rewrites `model.upstreams[*].weight` (keeping `declared_weight`) from the policy inputs.
 ///
-/// Order: a route that is disabled, failing its health check, declared 0 or overridden to 0 is 0.
-/// Among the rest, when `local_fraction` applies (the model's router is `fixed`), each local route
+/// Order: a upstream that is disabled, failing its health check, declared 0 or overridden to 0 is 0.
+/// Among the rest, when `local_fraction` applies (the model's router is `fixed`), each local upstream
 /// gets `lf / locals` and each remote one `(1 - lf) / remotes` (one side empty: `1 / n` each).
-/// A positive runtime override then replaces the route's weight.
+/// A positive runtime override then replaces the upstream's weight.
 pub fn apply(
     model: &mut ModelConfig,
     overrides: &Overrides,
@@ -49,28 +49,28 @@ pub fn apply(
 ) {
     let model_overrides = overrides.weights.get(&model.id);
     let mut eligible = Vec::new();
-    for (i, route) in model.routes.iter_mut().enumerate() {
-        route.weight = route.declared_weight;
-        route.weight_note = None;
+    for (i, upstream) in model.upstreams.iter_mut().enumerate() {
+        upstream.weight = upstream.declared_weight;
+        upstream.weight_note = None;
         let overridden = model_overrides
-            .and_then(|o| o.get(&route.endpoint_id))
+            .and_then(|o| o.get(&upstream.endpoint_id))
             .copied();
-        let note = if overrides.disabled.contains(&route.endpoint_id)
-            || overrides.disabled.contains(route.kind.as_str())
+        let note = if overrides.disabled.contains(&upstream.endpoint_id)
+            || overrides.disabled.contains(upstream.kind.as_str())
         {
             Some("disabled by an operator")
-        } else if origin(&route.base_url).is_some_and(|o| unhealthy_origins.contains(&o)) {
+        } else if origin(&upstream.base_url).is_some_and(|o| unhealthy_origins.contains(&o)) {
             Some("failing its health check")
         } else if overridden == Some(0.0) {
             Some("weight overridden to 0")
-        } else if route.declared_weight <= 0.0 && overridden.is_none() {
+        } else if upstream.declared_weight <= 0.0 && overridden.is_none() {
             Some("weight 0")
         } else {
             None
         };
         if let Some(note) = note {
-            route.weight = 0.0;
-            route.weight_note = Some(note);
+            upstream.weight = 0.0;
+            upstream.weight_note = Some(note);
         } else {
             eligible.push(i);
         }
@@ -78,12 +78,12 @@ pub fn apply(
     if let Some(lf) = local_fraction.filter(|_| model.router == "fixed") {
         let locals = eligible
             .iter()
-            .filter(|&&i| model.routes[i].local_deployment)
+            .filter(|&&i| model.upstreams[i].local_deployment)
             .count();
         let remotes = eligible.len() - locals;
         for &i in &eligible {
-            let route = &mut model.routes[i];
-            route.weight = match (locals, remotes, route.local_deployment) {
+            let upstream = &mut model.upstreams[i];
+            upstream.weight = match (locals, remotes, upstream.local_deployment) {
                 (0, n, _) | (n, 0, _) => 1.0 / n as f64,
                 (l, _, true) => lf / l as f64,
                 (_, r, false) => (1.0 - lf) / r as f64,
@@ -92,9 +92,9 @@ pub fn apply(
     }
     if let Some(o) = model_overrides {
         for &i in &eligible {
-            let route = &mut model.routes[i];
-            if let Some(&w) = o.get(&route.endpoint_id) {
-                route.weight = w;
+            let upstream = &mut model.upstreams[i];
+            if let Some(&w) = o.get(&upstream.endpoint_id) {
+                upstream.weight = w;
             }
         }
     }
@@ -117,7 +117,7 @@ mod tests {
     }
 
     fn weights(m: &ModelConfig) -> Vec<f64> {
-        m.routes
+        m.upstreams
             .iter()
             .map(|r| (r.weight * 1000.0).round() / 1000.0)
             .collect()
@@ -134,7 +134,7 @@ mod tests {
         let failing: HashSet<String> = ["http://127.0.0.1:8001".to_owned()].into();
         apply(&mut m, &Overrides::default(), &failing, Some(0.6));
         assert_eq!(weights(&m), [0.0, 0.6, 0.4]);
-        assert_eq!(zero_reason(&m.routes[0]), "failing its health check");
+        assert_eq!(zero_reason(&m.upstreams[0]), "failing its health check");
     }
 
     #[test]
@@ -165,8 +165,8 @@ mod tests {
         );
         apply(&mut m, &o, &HashSet::new(), None);
         assert_eq!(weights(&m), [0.0, 3.0, 1.0]);
-        assert_eq!(zero_reason(&m.routes[0]), "weight overridden to 0");
-        // Disabling a provider kind takes every route of that kind out.
+        assert_eq!(zero_reason(&m.upstreams[0]), "weight overridden to 0");
+        // Disabling a provider kind takes every upstream of that kind out.
         o.disabled.insert("openai_compat".into());
         apply(&mut m, &o, &HashSet::new(), None);
         assert_eq!(weights(&m), [0.0, 0.0, 0.0]);

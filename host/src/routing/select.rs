@@ -3,9 +3,11 @@
 
 use std::time::Instant;
 
-use crate::config::{Capability, RouteConfig};
-use crate::strategy::bindings::PrefillPolicy;
-use crate::strategy::{Candidate, CircuitState as WitCircuit, Modalities, Request};
+use crate::config::{Capability, ModelUpstream};
+use crate::protocol::ir::Modalities;
+use crate::strategy::{
+    Candidate, CircuitState as CandidateCircuit, HedgeRequest, PrefillPolicy, Request,
+};
 
 use super::RoutingContext;
 use super::health::{CircuitState, HealthRegistry, Outcome};
@@ -24,11 +26,11 @@ pub struct RequestFacts {
     pub max_tokens: Option<u32>,
     pub stream: bool,
     pub modalities: Modalities,
-    /// The inbound call; routes that cannot serve it are not candidates.
+    /// The inbound call; upstreams that cannot serve it are not candidates.
     pub call: Capability,
     /// The upstream groups the caller may reach; `None` (internal traffic) reaches all.
     pub groups: Option<std::sync::Arc<[String]>>,
-    /// How many routes may be tried (the inbound route's `max_attempts`); `None`: all of them.
+    /// How many upstreams may be tried (the inbound route's `max_attempts`); `None`: all of them.
     pub max_attempts: Option<usize>,
     /// The caller's tier for reserved keys; `None` (no user identity) may use every key.
     pub role: Option<crate::entity::Role>,
@@ -36,7 +38,7 @@ pub struct RequestFacts {
     pub own_credential: bool,
 }
 
-/// A route left out before or during dispatch, and why.
+/// A upstream left out before or during dispatch, and why.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Exclusion {
     pub endpoint_id: String,
@@ -46,26 +48,26 @@ pub struct Exclusion {
 /// Why a request cannot be routed at all.
 #[derive(Debug, thiserror::Error)]
 pub enum SelectionError {
-    /// No route accepts the request's input modalities.
-    #[error("no route of model `{model}` accepts {} input", missing.join(" and "))]
+    /// No upstream accepts the request's input modalities.
+    #[error("no upstream of model `{model}` accepts {} input", missing.join(" and "))]
     MissingModality {
         model: String,
         missing: Vec<&'static str>,
         excluded: Vec<Exclusion>,
     },
-    /// `X-Route-Pin` named nothing this model routes to.
-    #[error("X-Route-Pin `{pin}` matches no route of model `{model}`; its endpoints: {}", endpoints.join(", "))]
+    /// `X-Route-Pin` named nothing this model upstreams to.
+    #[error("X-Route-Pin `{pin}` matches no upstream of model `{model}`; its endpoints: {}", endpoints.join(", "))]
     PinNotFound {
         model: String,
         pin: String,
         endpoints: Vec<String>,
     },
-    /// Every route was excluded; the list says which and why.
+    /// Every upstream was excluded; the list says which and why.
     #[error(
-        "no route of model `{model}` can take this request: {}",
+        "no upstream of model `{model}` can take this request: {}",
         describe(excluded)
     )]
-    NoAdmissibleRoute {
+    NoAdmissibleUpstream {
         model: String,
         excluded: Vec<Exclusion>,
     },
@@ -73,7 +75,7 @@ pub enum SelectionError {
 
 pub fn describe(excluded: &[Exclusion]) -> String {
     if excluded.is_empty() {
-        return "the model has no routes".into();
+        return "the model has no upstreams".into();
     }
     excluded
         .iter()
@@ -82,25 +84,27 @@ pub fn describe(excluded: &[Exclusion]) -> String {
         .join(", ")
 }
 
-/// The routes to try, in order, as positions in the model's route list.
+/// The upstreams to try, in order, as positions in the model's upstream list.
 #[derive(Debug, Clone)]
 pub struct Plan {
     pub order: Vec<usize>,
+    /// The strategy's latency hedge for the primary, as it decided it.
+    pub hedge: Option<HedgeRequest>,
     pub strategy_metadata: String,
     /// Set when the strategy failed and declared order was used instead.
     pub strategy_error: Option<String>,
-    /// An operator pinned the route: no fallback, and the breaker is not consulted.
+    /// An operator pinned the upstream: no fallback, and the breaker is not consulted.
     pub pinned: bool,
-    /// Routes excluded before the strategy ran.
+    /// Upstreams excluded before the strategy ran.
     pub excluded: Vec<Exclusion>,
     /// The endpoint this caller is pinned to by session affinity after this selection; an error
     /// there drops the pin.
     pub affinity_endpoint: Option<String>,
     /// What session affinity did for this request.
     pub affinity: AffinityUse,
-    /// At most this many routes are tried.
+    /// At most this many upstreams are tried.
     pub max_attempts: usize,
-    /// On pass-through routes, the client's own credential, used instead of every route's key.
+    /// On pass-through routes, the client's own credential, used instead of every upstream's key.
     pub credential: Option<std::sync::Arc<str>>,
     /// The caller's tier, for the key binding made when a pool key serves.
     pub role: Option<crate::entity::Role>,
@@ -132,12 +136,12 @@ const MODALITIES: [(Modalities, &str); 3] = [
     (Modalities::VIDEO, "video"),
 ];
 
-/// The request's non-text modalities this route does not accept.
-pub fn missing_modalities(route: &RouteConfig, wanted: Modalities) -> Vec<&'static str> {
+/// The request's non-text modalities this upstream does not accept.
+pub fn missing_modalities(upstream: &ModelUpstream, wanted: Modalities) -> Vec<&'static str> {
     MODALITIES
         .iter()
         .filter(|(flag, name)| {
-            wanted.contains(*flag) && !route.input_modalities.iter().any(|m| m == name)
+            wanted.contains(*flag) && !upstream.input_modalities.iter().any(|m| m == name)
         })
         .map(|(_, name)| *name)
         .collect()
@@ -162,35 +166,35 @@ pub async fn select_at(
     now: Instant,
 ) -> Result<Plan, SelectionError> {
     let health: &HealthRegistry = &ctx.health;
-    let routes = model.routes();
+    let upstreams = model.upstreams();
     let mut excluded = Vec::new();
 
     // 1. Groups, capabilities, then modalities.
-    let mut admitted: Vec<&RouteConfig> = Vec::with_capacity(routes.len());
+    let mut admitted: Vec<&ModelUpstream> = Vec::with_capacity(upstreams.len());
     let mut missing_everywhere: Vec<&'static str> = Vec::new();
     let mut capable = 0;
     let max_attempts = facts.max_attempts.unwrap_or(usize::MAX).max(1);
-    for route in routes {
+    for upstream in upstreams {
         if let Some(groups) = &facts.groups
-            && !groups.contains(&route.group)
+            && !groups.contains(&upstream.group)
         {
             excluded.push(Exclusion {
-                endpoint_id: route.endpoint_id.clone(),
-                reason: format!("group `{}` is not open to this caller", route.group),
+                endpoint_id: upstream.endpoint_id.clone(),
+                reason: format!("group `{}` is not open to this caller", upstream.group),
             });
             continue;
         }
-        if !route.capabilities.contains(&facts.call) {
+        if !upstream.capabilities.contains(&facts.call) {
             excluded.push(Exclusion {
-                endpoint_id: route.endpoint_id.clone(),
+                endpoint_id: upstream.endpoint_id.clone(),
                 reason: format!("cannot serve {}", facts.call.as_str()),
             });
             continue;
         }
         capable += 1;
-        let missing = missing_modalities(route, facts.modalities);
+        let missing = missing_modalities(upstream, facts.modalities);
         if missing.is_empty() {
-            admitted.push(route);
+            admitted.push(upstream);
         } else {
             for m in &missing {
                 if !missing_everywhere.contains(m) {
@@ -198,13 +202,13 @@ pub async fn select_at(
                 }
             }
             excluded.push(Exclusion {
-                endpoint_id: route.endpoint_id.clone(),
+                endpoint_id: upstream.endpoint_id.clone(),
                 reason: format!("does not accept {} input", missing.join(" and ")),
             });
         }
     }
     if capable == 0 {
-        return Err(SelectionError::NoAdmissibleRoute {
+        return Err(SelectionError::NoAdmissibleUpstream {
             model: model.id().to_owned(),
             excluded,
         });
@@ -217,15 +221,16 @@ pub async fn select_at(
         });
     }
 
-    // 2. An operator's pin selects one route directly; weight 0 still means "not pinnable".
+    // 2. An operator's pin selects one upstream directly; weight 0 still means "not pinnable".
     if let Some(pin) = pin {
         let hit = admitted
             .iter()
             .find(|r| r.endpoint_id == pin)
             .or_else(|| admitted.iter().find(|r| r.kind.as_str() == pin));
         return match hit {
-            Some(route) if route.weight > 0.0 => Ok(Plan {
-                order: vec![position(routes, route.index)],
+            Some(upstream) if upstream.weight > 0.0 => Ok(Plan {
+                order: vec![position(upstreams, upstream.index)],
+                hedge: None,
                 strategy_metadata: String::new(),
                 strategy_error: None,
                 pinned: true,
@@ -237,17 +242,17 @@ pub async fn select_at(
                 role: facts.role,
                 key_generation: ctx.keys.generation(),
             }),
-            Some(route) => Err(SelectionError::NoAdmissibleRoute {
+            Some(upstream) => Err(SelectionError::NoAdmissibleUpstream {
                 model: model.id().to_owned(),
                 excluded: vec![Exclusion {
-                    endpoint_id: route.endpoint_id.clone(),
-                    reason: format!("pinned, but {}", zero_reason(route)),
+                    endpoint_id: upstream.endpoint_id.clone(),
+                    reason: format!("pinned, but {}", zero_reason(upstream)),
                 }],
             }),
             None => Err(SelectionError::PinNotFound {
                 model: model.id().to_owned(),
                 pin: pin.to_owned(),
-                endpoints: routes.iter().map(|r| r.endpoint_id.clone()).collect(),
+                endpoints: upstreams.iter().map(|r| r.endpoint_id.clone()).collect(),
             }),
         };
     }
@@ -259,46 +264,48 @@ pub async fn select_at(
 
     // 4. Weight and breaker admission.
     let mut candidates = Vec::with_capacity(admitted.len());
-    for route in admitted {
-        if route.weight <= 0.0 {
+    for upstream in admitted {
+        if upstream.weight <= 0.0 {
             excluded.push(Exclusion {
-                endpoint_id: route.endpoint_id.clone(),
-                reason: zero_reason(route).to_owned(),
+                endpoint_id: upstream.endpoint_id.clone(),
+                reason: zero_reason(upstream).to_owned(),
             });
             continue;
         }
-        let circuit = match health.admits(&route.endpoint_id, now) {
+        let circuit = match health.admits(&upstream.endpoint_id, now) {
             None => {
                 excluded.push(Exclusion {
-                    endpoint_id: route.endpoint_id.clone(),
+                    endpoint_id: upstream.endpoint_id.clone(),
                     reason: "circuit open".into(),
                 });
                 continue;
             }
-            Some(CircuitState::HalfOpen) => WitCircuit::HalfOpen,
-            Some(_) => WitCircuit::Closed,
+            Some(CircuitState::HalfOpen) => CandidateCircuit::HalfOpen,
+            Some(_) => CandidateCircuit::Closed,
         };
-        let load = ctx.prefill.load(&route.endpoint_id);
+        let load = ctx.prefill.load(&upstream.endpoint_id);
         candidates.push(Candidate {
-            index: route.index,
-            weight: route.weight,
-            priority: route.priority,
-            availability: health.availability(&route.endpoint_id),
+            index: upstream.index,
+            weight: upstream.weight,
+            priority: upstream.priority,
+            availability: health.availability(&upstream.endpoint_id),
             circuit,
             prefill_backlog_tokens: load.backlog_tokens,
             inflight_elephants: load.elephants,
             uncached_prompt_tokens: ctx.prefill.uncached_estimate(
                 facts.caller.as_deref(),
-                &route.endpoint_id,
+                &upstream.endpoint_id,
                 u64::from(facts.prompt_tokens),
                 now,
             ),
             ttft_ms: None,
             latency_ms: None,
+            inflight_requests: ctx.inflight.count(&upstream.endpoint_id),
+            affinity_pinned: false,
         });
     }
     if candidates.is_empty() {
-        return Err(SelectionError::NoAdmissibleRoute {
+        return Err(SelectionError::NoAdmissibleUpstream {
             model: model.id().to_owned(),
             excluded,
         });
@@ -314,7 +321,7 @@ pub async fn select_at(
     };
     let mut sticky: Option<u32> = None;
     if let Some(endpoint) = &recorded {
-        let index = routes
+        let index = upstreams
             .iter()
             .find(|r| &r.endpoint_id == endpoint)
             .map(|r| r.index)
@@ -340,6 +347,12 @@ pub async fn select_at(
         }
     }
 
+    if let Some(i) = sticky
+        && let Some(pinned) = candidates.iter_mut().find(|c| c.index == i)
+    {
+        pinned.affinity_pinned = true;
+    }
+
     // 6. The strategy orders what is left.
     let p = ctx.prefill.config();
     let request = Request {
@@ -356,13 +369,21 @@ pub async fn select_at(
             elephant_tokens: p.elephant_tokens,
             elephant_limit: p.elephant_limit,
         },
+        // Budgets do not exist yet (the governance issue adds them).
+        remaining_budget_usd: None,
     };
-    let (mut order, strategy_metadata, strategy_error) =
+    let (mut order, hedge, strategy_metadata, strategy_error) =
         match model.router.select(&request, &candidates).await {
-            Ok(decision) => (decision.order, decision.strategy_metadata, None),
+            Ok(decision) => (
+                decision.order,
+                decision.hedge,
+                decision.strategy_metadata,
+                None,
+            ),
             // A broken strategy never fails the request: declared order keeps it served.
             Err(e) => (
                 candidates.iter().map(|c| c.index).collect(),
+                None,
                 String::new(),
                 Some(e.to_string()),
             ),
@@ -372,14 +393,14 @@ pub async fn select_at(
         order.retain(|&x| x != i);
         order.insert(0, i);
     }
-    let mut order: Vec<usize> = order.iter().map(|&i| position(routes, i)).collect();
+    let mut order: Vec<usize> = order.iter().map(|&i| position(upstreams, i)).collect();
     // 7. Within each key pool: the caller's bound key, then the most reserved keys.
     if !facts.own_credential {
-        order_keys(ctx, facts, routes, &mut order, now);
+        order_keys(ctx, facts, upstreams, &mut order, now);
     }
     let affinity_endpoint = match (caller, order.first()) {
         (Some(c), Some(&first)) => {
-            let endpoint = routes[first].endpoint_id.clone();
+            let endpoint = upstreams[first].endpoint_id.clone();
             if recorded.as_deref() != Some(endpoint.as_str()) {
                 ctx.affinity.set(c, model.id(), &endpoint, now);
             }
@@ -389,6 +410,7 @@ pub async fn select_at(
     };
     Ok(Plan {
         order,
+        hedge,
         strategy_metadata,
         strategy_error,
         pinned: false,
@@ -408,25 +430,25 @@ pub async fn select_at(
 fn admit_keys(
     ctx: &RoutingContext,
     facts: &RequestFacts,
-    admitted: &mut Vec<&RouteConfig>,
+    admitted: &mut Vec<&ModelUpstream>,
     excluded: &mut Vec<Exclusion>,
     now: Instant,
 ) {
     let mut tallies: Vec<(&str, &str, PoolTally)> = Vec::new();
-    admitted.retain(|route| {
-        let Some(key) = &route.key else {
+    admitted.retain(|upstream| {
+        let Some(key) = &upstream.key else {
             return true;
         };
         let at = match tallies.iter().position(|(pool, _, _)| *pool == key.pool) {
             Some(at) => at,
             None => {
-                tallies.push((&key.pool, &route.endpoint_id, PoolTally::default()));
+                tallies.push((&key.pool, &upstream.endpoint_id, PoolTally::default()));
                 tallies.len() - 1
             }
         };
         let tally = &mut tallies[at].2;
         let quiet = ctx.keys.quiet_until(&key.fingerprint, now);
-        let reason = if !KeyPools::visible(route.min_role, facts.role) {
+        let reason = if !KeyPools::visible(upstream.min_role, facts.role) {
             if quiet.is_none() {
                 tally.role_restricted += 1;
             } else {
@@ -435,7 +457,7 @@ fn admit_keys(
             format!(
                 "key {} is reserved for {} callers and above (KeyPoolRoleRestricted)",
                 key.label,
-                route.min_role.as_str()
+                upstream.min_role.as_str()
             )
         } else if let Some(q) = quiet {
             tally.quieted += 1;
@@ -450,7 +472,7 @@ fn admit_keys(
             return true;
         };
         excluded.push(Exclusion {
-            endpoint_id: route.endpoint_id.clone(),
+            endpoint_id: upstream.endpoint_id.clone(),
             reason,
         });
         false
@@ -478,19 +500,19 @@ fn admit_keys(
 fn order_keys(
     ctx: &RoutingContext,
     facts: &RequestFacts,
-    routes: &[RouteConfig],
+    upstreams: &[ModelUpstream],
     order: &mut [usize],
     now: Instant,
 ) {
     let caller = facts.caller.as_ref();
-    order_within_pools(routes, order, &|pool| {
+    order_within_pools(upstreams, order, &|pool| {
         caller.and_then(|c| ctx.keys.binding(c, pool, facts.role, now))
     });
 }
 
-/// Position of a declared index in the route list (they coincide for config-built tables).
-fn position(routes: &[RouteConfig], index: u32) -> usize {
-    routes
+/// Position of a declared index in the upstream list (they coincide for config-built tables).
+fn position(upstreams: &[ModelUpstream], index: u32) -> usize {
+    upstreams
         .iter()
         .position(|r| r.index == index)
         .unwrap_or(index as usize)

@@ -6,11 +6,11 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use crate::config::{Config, ModelConfig, RouteConfig};
+use crate::config::{Config, ModelConfig, ModelUpstream};
 use crate::routing::policy::{self, Overrides};
-use crate::strategy::bindings::Pricing;
 use crate::strategy::{
-    CatalogEntry, ModelRouter, Route, StrategyCatalog, StrategyEngine, StrategyError,
+    CatalogEntry, ModelRouter, StrategyCatalog, StrategyEngine, StrategyError, UpstreamInfo,
+    upstream_table,
 };
 
 /// A model as served: its config and the strategy router that orders its routes.
@@ -25,14 +25,14 @@ impl ModelEntry {
         &self.config.id
     }
 
-    pub fn routes(&self) -> &[RouteConfig] {
-        &self.config.routes
+    pub fn upstreams(&self) -> &[ModelUpstream] {
+        &self.config.upstreams
     }
 }
 
 /// All served models, by canonical id, with aliases resolved to the canonical entry.
 #[derive(Debug, Default)]
-pub struct RouteTable {
+pub struct ModelTable {
     models: HashMap<String, Arc<ModelEntry>>,
     aliases: HashMap<String, String>,
     /// Canonical ids in config order, for listings.
@@ -43,21 +43,21 @@ pub struct RouteTable {
 /// naming the file, the model, the strategy and, for params, the key.
 #[derive(Debug, thiserror::Error)]
 #[error("{}", problems.join("\n"))]
-pub struct RouteTableError {
+pub struct ModelTableError {
     pub problems: Vec<String>,
 }
 
-impl RouteTable {
+impl ModelTable {
     /// Builds every model's router now, so bad strategy names or params fail at startup, not at the
     /// first request. All problems are collected, not only the first.
     pub async fn build(
         config: &Config,
         engine: &StrategyEngine,
         catalog: &StrategyCatalog,
-    ) -> Result<RouteTable, RouteTableError> {
+    ) -> Result<ModelTable, ModelTableError> {
         let file = config.source.display();
         let mut problems = Vec::new();
-        let mut table = RouteTable::default();
+        let mut table = ModelTable::default();
         for (mi, model) in config.models.iter().enumerate() {
             let at = format!("{file}: models[{mi}] ({})", model.id);
             let mut model = model.clone();
@@ -67,7 +67,15 @@ impl RouteTable {
                 &HashSet::new(),
                 config.routing.local_fraction,
             );
-            match new_router(&model, wit_routes(&model.routes), &at, engine, catalog).await {
+            match new_router(
+                &model,
+                upstream_table(&model.upstreams),
+                &at,
+                engine,
+                catalog,
+            )
+            .await
+            {
                 Ok(router) => table.insert(model, Arc::new(router)),
                 Err(mut p) => problems.append(&mut p),
             }
@@ -75,7 +83,7 @@ impl RouteTable {
         if problems.is_empty() {
             Ok(table)
         } else {
-            Err(RouteTableError { problems })
+            Err(ModelTableError { problems })
         }
     }
 
@@ -90,10 +98,10 @@ impl RouteTable {
         engine: &StrategyEngine,
         catalog: &StrategyCatalog,
         apply_policy: impl Fn(&mut ModelConfig),
-        for_router: impl Fn(&[RouteConfig]) -> Vec<Route>,
-    ) -> (RouteTable, Vec<String>) {
+        for_router: impl Fn(&[ModelUpstream]) -> Vec<UpstreamInfo>,
+    ) -> (ModelTable, Vec<String>) {
         let mut problems = Vec::new();
-        let mut table = RouteTable::default();
+        let mut table = ModelTable::default();
         for mut model in models {
             apply_policy(&mut model);
             if table.resolve(&model.id).is_some() {
@@ -108,12 +116,12 @@ impl RouteTable {
             });
             let router = match reusable {
                 Some(old) => {
-                    if wit_routes(old.routes()) != wit_routes(&model.routes) {
+                    if upstream_table(old.upstreams()) != upstream_table(&model.upstreams) {
                         old.router
-                            .refresh_route_table(for_router(&model.routes))
+                            .refresh_upstreams(for_router(&model.upstreams))
                             .await
                             .map_err(|e| {
-                                tracing::warn!(model = %model.id, "pushing the new route table failed: {e}")
+                                tracing::warn!(model = %model.id, "pushing the new upstream table failed: {e}")
                             })
                             .ok();
                     }
@@ -121,7 +129,7 @@ impl RouteTable {
                 }
                 None => {
                     let at = format!("model `{}`", model.id);
-                    let routes = for_router(&model.routes);
+                    let routes = for_router(&model.upstreams);
                     match new_router(&model, routes, &at, engine, catalog).await {
                         Ok(router) => Arc::new(router),
                         Err(mut p) => {
@@ -157,8 +165,8 @@ impl RouteTable {
         overrides: &Overrides,
         unhealthy_origins: &HashSet<String>,
         local_fraction: Option<f64>,
-    ) -> RouteTable {
-        let mut table = RouteTable::default();
+    ) -> ModelTable {
+        let mut table = ModelTable::default();
         for entry in self.models() {
             let mut config = entry.config.clone();
             policy::apply(&mut config, overrides, unhealthy_origins, local_fraction);
@@ -182,10 +190,10 @@ impl RouteTable {
     }
 
     /// Number of routes across published models.
-    pub fn routes_configured(&self) -> usize {
+    pub fn upstreams_configured(&self) -> usize {
         self.models()
             .filter(|m| m.config.published)
-            .map(|m| m.config.routes.len())
+            .map(|m| m.config.upstreams.len())
             .sum()
     }
 }
@@ -193,7 +201,7 @@ impl RouteTable {
 /// Validates a model's strategy and params and instantiates its router; `at` prefixes problems.
 async fn new_router(
     model: &ModelConfig,
-    routes: Vec<Route>,
+    routes: Vec<UpstreamInfo>,
     at: &str,
     engine: &StrategyEngine,
     catalog: &StrategyCatalog,
@@ -241,28 +249,4 @@ async fn new_router(
         )]),
         Err(e) => Err(vec![format!("{at}.router: {e}")]),
     }
-}
-
-/// The WIT form of a model's routes, pushed to its strategy through `refresh-route-table`.
-pub fn wit_routes(routes: &[RouteConfig]) -> Vec<Route> {
-    routes
-        .iter()
-        .map(|r| Route {
-            index: r.index,
-            endpoint_id: r.endpoint_id.clone(),
-            provider: r.kind.as_str().to_owned(),
-            base_url: r.base_url.clone(),
-            provider_model_id: r.provider_model_id.clone(),
-            weight: r.weight,
-            priority: r.priority,
-            input_modalities: r.input_modalities.clone(),
-            pricing: r.pricing.map(|p| Pricing {
-                prompt: p.prompt,
-                completion: p.completion,
-                input_cache_reads: p.input_cache_reads,
-                input_cache_writes: p.input_cache_writes,
-            }),
-            metadata_json: serde_json::Value::Object(r.metadata.clone()).to_string(),
-        })
-        .collect()
 }

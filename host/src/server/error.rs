@@ -125,7 +125,7 @@ impl GatewayError {
         match self {
             GatewayError::AllAttemptsFailed(e) => {
                 error["message"] = if e.attempts.is_empty() {
-                    format!("no route could be attempted: {}", describe(&e.excluded))
+                    format!("no upstream could be attempted: {}", describe(&e.excluded))
                 } else {
                     primary_message(&e.attempts)
                 }
@@ -134,7 +134,7 @@ impl GatewayError {
                 error["excluded"] = serde_json::to_value(&e.excluded).unwrap_or_default();
             }
             GatewayError::NoRoute(
-                SelectionError::NoAdmissibleRoute { excluded, .. }
+                SelectionError::NoAdmissibleUpstream { excluded, .. }
                 | SelectionError::MissingModality { excluded, .. },
             ) => {
                 error["excluded"] =
@@ -160,7 +160,7 @@ fn primary_message(attempts: &[FailedAttempt]) -> String {
             primary.endpoint_id,
             attempts.len()
         ),
-        None => "no route was attempted".into(),
+        None => "no upstream was attempted".into(),
     }
 }
 

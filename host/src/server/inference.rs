@@ -164,11 +164,11 @@ fn published_model(
     let model = gateway
         .table()
         .resolve(name)
-        .filter(|m| m.config.published && !m.routes().is_empty())
+        .filter(|m| m.config.published && !m.upstreams().is_empty())
         .cloned()
         .ok_or_else(|| GatewayError::ModelNotFound(name.to_owned()))?;
     if !model
-        .routes()
+        .upstreams()
         .iter()
         .any(|r| principal.groups.contains(&r.group))
     {

@@ -33,7 +33,7 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
 async fn health(State(gateway): State<Arc<Gateway>>) -> Json<serde_json::Value> {
     Json(serde_json::json!({
         "status": "ok",
-        "routes_configured": gateway.table().routes_configured(),
+        "routes_configured": gateway.table().upstreams_configured(),
     }))
 }
 
@@ -45,7 +45,7 @@ fn list_models(gateway: &Gateway, principal: &auth::Principal) -> Json<serde_jso
         .models()
         .filter(|m| m.config.published)
         .filter(|m| {
-            m.routes()
+            m.upstreams()
                 .iter()
                 .any(|r| principal.groups.contains(&r.group))
         })

@@ -10,10 +10,8 @@ use std::sync::Arc;
 use wasmtime::component::Component;
 
 use super::StrategyError;
-use super::bindings::{
-    API_VERSION_SECTION, SUPPORTED_API_VERSIONS, StrategyComponent, StrategyComponentPre,
-};
 use super::engine::StrategyEngine;
+use super::wit::{API_VERSION_SECTION, ApiVersion, Pre, SUPPORTED_API_VERSIONS};
 
 /// The strategies that ship with Switchyard; each is expected in the built-in folder as `{name}.wasm`.
 pub const BUILTIN_STRATEGIES: &[&str] = &["fixed", "round_robin", "routewise"];
@@ -26,10 +24,12 @@ pub struct LoadedStrategy {
     pub path: PathBuf,
     /// The WIT API version stamped by the SDK, if the component carries one.
     pub api_version: Option<String>,
+    /// The WIT API version the host runs it with (the stamped one, else the newest that fits).
+    pub api: ApiVersion,
     /// The `router_params` schema as the component exported it.
     pub params_schema: serde_json::Value,
     validator: jsonschema::Validator,
-    pub(super) pre: StrategyComponentPre<super::bindings::StoreState>,
+    pub(super) pre: Pre,
 }
 
 impl std::fmt::Debug for LoadedStrategy {
@@ -215,27 +215,23 @@ pub async fn load(engine: &StrategyEngine, path: &Path) -> Result<LoadedStrategy
     };
     let bytes = std::fs::read(path).map_err(|e| fail(format!("cannot read: {e}")))?;
     let api_version = api_version(&bytes).map_err(fail)?;
-    if let Some(v) = &api_version
-        && !SUPPORTED_API_VERSIONS.contains(&v.as_str())
-    {
-        return Err(StrategyError::UnsupportedApi {
-            path: path.to_owned(),
-            found: v.clone(),
-            supported: SUPPORTED_API_VERSIONS.join(", "),
-        });
-    }
+    let stamped = match &api_version {
+        Some(v) => Some(
+            ApiVersion::parse(v).ok_or_else(|| StrategyError::UnsupportedApi {
+                path: path.to_owned(),
+                found: v.clone(),
+                supported: SUPPORTED_API_VERSIONS.join(", "),
+            })?,
+        ),
+        None => None,
+    };
     let component = Component::new(&engine.engine, &bytes)
         .map_err(|e| fail(format!("not a valid component: {e:?}")))?;
-    let instance_pre = engine.linker.instantiate_pre(&component).map_err(|e| {
-        fail(format!(
-            "does not fit the switchyard:router@0.1.0 world (imports): {e:?}"
-        ))
-    })?;
-    let pre = StrategyComponentPre::new(instance_pre).map_err(|e| {
-        fail(format!(
-            "does not export the switchyard:router@0.1.0 strategy interface: {e:?}"
-        ))
-    })?;
+    let pre = match stamped {
+        Some(version) => Pre::new(&engine.linkers, &component, version),
+        None => Pre::detect(&engine.linkers, &component),
+    }
+    .map_err(fail)?;
 
     // Ask the component who it is and what it accepts, in a throwaway instance.
     let stem = path
@@ -243,17 +239,16 @@ pub async fn load(engine: &StrategyEngine, path: &Path) -> Result<LoadedStrategy
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
     let mut store = engine.new_store(&stem);
-    let bindings: StrategyComponent = pre
-        .instantiate_async(&mut store)
+    let guest = pre
+        .instantiate(&mut store)
         .await
         .map_err(|e| fail(format!("cannot instantiate: {e:?}")))?;
-    let exports = bindings.switchyard_router_strategy();
-    let info = exports
-        .call_info(&mut store)
+    let info = guest
+        .info(&mut store)
         .await
         .map_err(|e| fail(format!("info() trapped: {e:?}")))?;
-    let schema_text = exports
-        .call_params_schema(&mut store)
+    let schema_text = guest
+        .params_schema(&mut store)
         .await
         .map_err(|e| fail(format!("params-schema() trapped: {e:?}")))?;
     let params_schema: serde_json::Value = serde_json::from_str(&schema_text)
@@ -277,6 +272,7 @@ pub async fn load(engine: &StrategyEngine, path: &Path) -> Result<LoadedStrategy
         description: info.description,
         path: path.to_owned(),
         api_version,
+        api: pre.version(),
         params_schema,
         validator,
         pre,

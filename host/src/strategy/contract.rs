@@ -8,12 +8,12 @@ use std::sync::Arc;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::bindings::{
-    Candidate, CircuitState, Modalities, Observation, PrefillPolicy, Request, Route,
-};
 use super::catalog::{LoadedStrategy, load};
 use super::engine::StrategyEngine;
 use super::router::{ModelRouter, check_order};
+use super::types::{
+    Candidate, CircuitState, Modalities, Observation, PrefillPolicy, Request, UpstreamInfo,
+};
 
 /// One named check and what it found.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -187,9 +187,9 @@ async fn run_loaded(
     }
 }
 
-fn route_table() -> Vec<Route> {
+fn route_table() -> Vec<UpstreamInfo> {
     (0..ROUTES)
-        .map(|i| Route {
+        .map(|i| UpstreamInfo {
             index: i,
             endpoint_id: format!("contract-model:local-{}", 9000 + i),
             provider: "openai_compat".into(),
@@ -219,6 +219,7 @@ fn random_case(rng: &mut StdRng) -> (Request, Vec<Candidate>) {
             elephant_tokens: 200_000,
             elephant_limit: 1,
         },
+        remaining_budget_usd: rng.random_bool(0.2).then(|| rng.random_range(0.0..100.0)),
     };
     let included: Vec<u32> = (0..ROUTES).filter(|_| rng.random_bool(0.7)).collect();
     let mut candidates: Vec<Candidate> = included
@@ -244,6 +245,8 @@ fn random_case(rng: &mut StdRng) -> (Request, Vec<Candidate>) {
             latency_ms: rng
                 .random_bool(0.5)
                 .then(|| rng.random_range(10.0..50000.0)),
+            inflight_requests: rng.random_range(0..8),
+            affinity_pinned: false,
         })
         .collect();
     if candidates.is_empty() {
@@ -258,6 +261,8 @@ fn random_case(rng: &mut StdRng) -> (Request, Vec<Candidate>) {
             uncached_prompt_tokens: 0,
             ttft_ms: None,
             latency_ms: None,
+            inflight_requests: 0,
+            affinity_pinned: false,
         });
     }
     (request, candidates)

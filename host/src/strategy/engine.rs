@@ -3,13 +3,13 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use wasmtime::component::{HasSelf, Linker, ResourceTable};
+use wasmtime::component::ResourceTable;
 use wasmtime::{Engine, Store, StoreLimitsBuilder};
 use wasmtime_wasi::WasiCtx;
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 
 use super::StrategyError;
-use super::bindings::{StoreState, StrategyComponent};
+use super::wit::{Linkers, StoreState};
 
 /// One epoch tick; deadlines are counted in these.
 const EPOCH_TICK: Duration = Duration::from_millis(1);
@@ -65,11 +65,12 @@ impl Default for StrategyLimits {
     }
 }
 
-/// The process-wide wasm runtime: engine, linker with the host imports, and limits.
+/// The process-wide wasm runtime: engine, one linker with the host imports per WIT version, and
+/// limits.
 #[derive(Clone)]
 pub struct StrategyEngine {
     pub(super) engine: Engine,
-    pub(super) linker: Linker<StoreState>,
+    pub(super) linkers: Linkers,
     pub(super) limits: StrategyLimits,
 }
 
@@ -94,16 +95,12 @@ impl StrategyEngine {
         }
         let engine = Engine::new(&config).map_err(|e| StrategyError::Engine(format!("{e:?}")))?;
 
-        let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
-            .map_err(|e| StrategyError::Engine(format!("{e:?}")))?;
-        StrategyComponent::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state)
-            .map_err(|e| StrategyError::Engine(format!("{e:?}")))?;
+        let linkers = Linkers::new(&engine).map_err(|e| StrategyError::Engine(format!("{e:?}")))?;
 
         spawn_epoch_ticker(&engine);
         Ok(Self {
             engine,
-            linker,
+            linkers,
             limits,
         })
     }

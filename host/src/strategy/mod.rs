@@ -1,19 +1,27 @@
 //! The WebAssembly strategy host: one engine, a catalog of compiled strategies, one router instance
 //! per model, and the contract every strategy must satisfy.
+//!
+//! The WIT bindings stay inside this module (`wit/`, one `bindgen!` per supported version of
+//! `switchyard:router`); the rest of the host speaks the plain types re-exported here.
 
-pub mod bindings;
 pub mod catalog;
 pub mod contract;
 pub mod engine;
 pub mod offline;
 pub mod router;
+mod types;
+mod wit;
 
 use std::path::PathBuf;
 
-pub use bindings::{Candidate, CircuitState, Decision, Modalities, Observation, Request, Route};
 pub use catalog::{BUILTIN_STRATEGIES, CatalogEntry, LoadedStrategy, StrategyCatalog};
 pub use engine::{StrategyEngine, StrategyLimits};
 pub use router::ModelRouter;
+pub use types::{
+    Candidate, CircuitState, Decision, HedgeRequest, Modalities, Observation, PrefillPolicy,
+    Pricing, Request, StrategyInfo, UpstreamInfo, upstream_table,
+};
+pub use wit::{API_VERSION_SECTION, ApiVersion, SUPPORTED_API_VERSIONS};
 
 /// What can go wrong with a strategy. Errors raised by a guest carry the strategy's name and version.
 #[derive(Debug, thiserror::Error)]

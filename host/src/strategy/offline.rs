@@ -20,12 +20,13 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::bindings::{
-    Candidate, CircuitState, Modalities, Observation, PrefillPolicy, Pricing, Request, Route,
-};
 use super::catalog::LoadedStrategy;
 use super::engine::StrategyEngine;
 use super::router::ModelRouter;
+use super::types::{
+    Candidate, CircuitState, HedgeRequest, Modalities, Observation, PrefillPolicy, Pricing,
+    Request, UpstreamInfo as Route,
+};
 use crate::config::raw::RawPricing;
 
 /// Why an offline decision could not be made.
@@ -94,6 +95,8 @@ pub struct RequestInput {
     pub modalities: Vec<ModalityInput>,
     /// The host's prefill knobs; the gateway's defaults when absent.
     pub prefill: Option<PrefillInput>,
+    /// The caller's remaining budget in USD (`remaining-budget-usd`); none by default.
+    pub remaining_budget_usd: Option<f64>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -140,6 +143,10 @@ pub struct CandidateInput {
     pub uncached_prompt_tokens: Option<u64>,
     pub ttft_ms: Option<f64>,
     pub latency_ms: Option<f64>,
+    #[serde(default)]
+    pub inflight_requests: u32,
+    #[serde(default)]
+    pub affinity_pinned: bool,
 }
 
 /// One finished attempt to replay (`observation` in the WIT). The route is named by `index` or by
@@ -213,6 +220,9 @@ pub struct DecisionOutput {
     /// The endpoint ids of `order`.
     pub endpoints: Vec<String>,
     pub strategy_metadata: String,
+    /// The hedge the strategy asked for, when it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hedge: Option<HedgeRequest>,
     /// The strategy's `status()` after the decision (JSON when it is JSON).
     pub status: Value,
 }
@@ -331,7 +341,7 @@ fn yaml_routes(file: &Path, model: &str, entries: &[Value]) -> Result<Vec<Route>
     Ok(config
         .models
         .first()
-        .map(|m| crate::routing::table::wit_routes(&m.routes))
+        .map(|m| super::types::upstream_table(&m.upstreams))
         .unwrap_or_default())
 }
 
@@ -388,6 +398,7 @@ pub async fn run(
             elephant_tokens: prefill.elephant_tokens,
             elephant_limit: prefill.elephant_limit,
         },
+        remaining_budget_usd: r.remaining_budget_usd,
     };
     let candidates = candidates(file, input, &routes)?;
     let mut observations = Vec::with_capacity(input.observations.len());
@@ -402,14 +413,14 @@ pub async fn run(
                     input_error(
                         file,
                         format!("observations[{i}].endpoint_id"),
-                        format!("no route has endpoint id `{id}`"),
+                        format!("no upstream has endpoint id `{id}`"),
                     )
                 })?,
             (None, None) => {
                 return Err(input_error(
                     file,
                     format!("observations[{i}]"),
-                    "name the route with `index` or `endpoint_id`".into(),
+                    "name the upstream with `index` or `endpoint_id`".into(),
                 ));
             }
         };
@@ -456,6 +467,7 @@ pub async fn run(
             .collect(),
         order: decision.order,
         strategy_metadata: decision.strategy_metadata,
+        hedge: decision.hedge,
         status,
     })
 }
@@ -480,6 +492,8 @@ fn candidates(
                 uncached_prompt_tokens: prompt,
                 ttft_ms: None,
                 latency_ms: None,
+                inflight_requests: 0,
+                affinity_pinned: false,
             })
             .collect());
     };
@@ -491,7 +505,7 @@ fn candidates(
                 input_error(
                     file,
                     format!("candidates[{i}].index"),
-                    format!("no route has index {}", c.index),
+                    format!("no upstream has index {}", c.index),
                 )
             })?;
             Ok(Candidate {
@@ -509,6 +523,8 @@ fn candidates(
                 uncached_prompt_tokens: c.uncached_prompt_tokens.unwrap_or(prompt),
                 ttft_ms: c.ttft_ms,
                 latency_ms: c.latency_ms,
+                inflight_requests: c.inflight_requests,
+                affinity_pinned: c.affinity_pinned,
             })
         })
         .collect()

@@ -11,15 +11,14 @@ use wasmtime::Store;
 use wasmtime::component::ResourceAny;
 
 use super::StrategyError;
-use super::bindings::{
-    Candidate, Decision, Observation, Request, Route, StoreState, StrategyComponent,
-};
 use super::catalog::LoadedStrategy;
 use super::engine::{DeadlineElapsed, SETUP_TIMEOUT, StrategyEngine, arm, wall_backstop};
+use super::types::{Candidate, Decision, Observation, Request, UpstreamInfo};
+use super::wit::{Call, Guest, Reply, StoreState};
 
 struct LiveInstance {
     store: Store<StoreState>,
-    bindings: StrategyComponent,
+    guest: Guest,
     router: ResourceAny,
 }
 
@@ -40,8 +39,8 @@ pub struct ModelRouter {
     pub strategy: Arc<LoadedStrategy>,
     engine: StrategyEngine,
     params_json: String,
-    /// The last table pushed, re-pushed into a fresh instance after a trap.
-    route_table: parking_lot::Mutex<Vec<Route>>,
+    /// The last upstream table pushed, re-pushed into a fresh instance after a trap.
+    upstreams: parking_lot::Mutex<Vec<UpstreamInfo>>,
     /// `None` after a failure killed the instance, until the next call re-creates it. An async
     /// lock: a call may await a guest's WASI I/O, and other models never wait on this one.
     instance: tokio::sync::Mutex<Option<LiveInstance>>,
@@ -67,16 +66,16 @@ impl ModelRouter {
         strategy: Arc<LoadedStrategy>,
         model_id: &str,
         params: &serde_json::Value,
-        routes: Vec<Route>,
+        upstreams: Vec<UpstreamInfo>,
     ) -> Result<Self, StrategyError> {
         let router = ModelRouter {
             model_id: model_id.to_owned(),
             engine: engine.clone(),
             params_json: params.to_string(),
-            route_table: parking_lot::Mutex::new(routes),
+            upstreams: parking_lot::Mutex::new(upstreams),
             instance: tokio::sync::Mutex::new(None),
             stats: RouterStats::default(),
-            activity: parking_lot::Mutex::new((now_ms(), Default::default())),
+            activity: parking_lot::Mutex::new((crate::clock::unix_ms(), Default::default())),
             strategy,
         };
         let live = router.instantiate().await?;
@@ -87,18 +86,14 @@ impl ModelRouter {
     async fn instantiate(&self) -> Result<LiveInstance, StrategyError> {
         let s = &self.strategy;
         let mut store = self.engine.new_store(&s.label());
-        let bindings = match bounded(SETUP_TIMEOUT, s.pre.instantiate_async(&mut store)).await {
-            Ok(b) => b,
+        let mut guest = match bounded(SETUP_TIMEOUT, s.pre.instantiate(&mut store)).await {
+            Ok(g) => g,
             Err(e) => return Err(self.trap("instantiate", &store, e)),
         };
         arm(&mut store, SETUP_TIMEOUT);
         let created = bounded(
             SETUP_TIMEOUT,
-            bindings.switchyard_router_strategy().router().call_create(
-                &mut store,
-                &self.model_id,
-                &self.params_json,
-            ),
+            guest.create(&mut store, &self.model_id, &self.params_json),
         )
         .await;
         let router = match created {
@@ -112,22 +107,16 @@ impl ModelRouter {
             }
             Err(e) => return Err(self.trap("create", &store, e)),
         };
-        let routes = self.route_table.lock().clone();
+        let upstreams = self.upstreams.lock().clone();
+        let call = Call::Upstreams(&upstreams);
         arm(&mut store, SETUP_TIMEOUT);
-        let refreshed = bounded(
-            SETUP_TIMEOUT,
-            bindings
-                .switchyard_router_strategy()
-                .router()
-                .call_refresh_route_table(&mut store, router, &routes),
-        )
-        .await;
+        let refreshed = bounded(SETUP_TIMEOUT, guest.call(&mut store, router, call)).await;
         if let Err(e) = refreshed {
-            return Err(self.trap("refresh-route-table", &store, e));
+            return Err(self.trap(call.name(guest.version()), &store, e));
         }
         Ok(LiveInstance {
             store,
-            bindings,
+            guest,
             router,
         })
     }
@@ -220,8 +209,12 @@ impl ModelRouter {
     ) -> Result<Decision, StrategyError> {
         self.stats.selects.fetch_add(1, Ordering::Relaxed);
         let result = self
-            .call_select(*request, candidates)
+            .call(Call::Select(request, candidates))
             .await
+            .and_then(|reply| match reply {
+                Reply::Decision(decision) => Ok(decision),
+                _ => Err(StrategyError::Engine("select: unexpected reply".into())),
+            })
             .and_then(|r| {
                 r.map_err(|message| StrategyError::Rejected {
                     strategy: self.strategy.label(),
@@ -243,115 +236,52 @@ impl ModelRouter {
         result
     }
 
-    async fn call_select(
-        &self,
-        request: Request,
-        candidates: &[Candidate],
-    ) -> Result<Result<Decision, String>, StrategyError> {
+    /// The one way into the live instance: re-creates it if a trap killed it, arms the call's
+    /// deadline, runs the call bounded by its wall-clock backstop, and settles the outcome (a trap
+    /// drops the instance).
+    async fn call(&self, call: Call<'_>) -> Result<Reply, StrategyError> {
         let mut slot = self.acquire().await?;
         let Some(live) = slot.as_mut() else {
             return Err(StrategyError::Engine("instance slot empty".into()));
         };
-        arm(&mut live.store, self.engine.limits().call_timeout);
+        let deadline = match call {
+            // Off the request path, and a strategy may build tables from them.
+            Call::Upstreams(_) => SETUP_TIMEOUT,
+            _ => self.engine.limits().call_timeout,
+        };
+        let name = call.name(live.guest.version());
+        arm(&mut live.store, deadline);
         let result = bounded(
-            self.engine.limits().call_timeout,
-            live.bindings
-                .switchyard_router_strategy()
-                .router()
-                .call_select(&mut live.store, live.router, request, candidates),
+            deadline,
+            live.guest.call(&mut live.store, live.router, call),
         )
         .await;
-        self.settle(&mut slot, "select", result)
+        self.settle(&mut slot, name, result)
     }
 
-    /// Replaces the route table and pushes it to the strategy.
-    pub async fn refresh_route_table(&self, routes: Vec<Route>) -> Result<(), StrategyError> {
-        *self.route_table.lock() = routes.clone();
-        let result = self.push_routes(&routes).await;
+    /// Replaces the upstream table and pushes it to the strategy.
+    pub async fn refresh_upstreams(
+        &self,
+        upstreams: Vec<UpstreamInfo>,
+    ) -> Result<(), StrategyError> {
+        *self.upstreams.lock() = upstreams.clone();
+        let result = self.call(Call::Upstreams(&upstreams)).await.map(drop);
         if let Err(e) = &result {
             self.record_failure(e);
         }
         result
     }
 
-    async fn push_routes(&self, routes: &[Route]) -> Result<(), StrategyError> {
-        let mut slot = self.acquire().await?;
-        let Some(live) = slot.as_mut() else {
-            return Err(StrategyError::Engine("instance slot empty".into()));
-        };
-        arm(&mut live.store, SETUP_TIMEOUT);
-        let result = bounded(
-            SETUP_TIMEOUT,
-            live.bindings
-                .switchyard_router_strategy()
-                .router()
-                .call_refresh_route_table(&mut live.store, live.router, routes),
-        )
-        .await;
-        self.settle(&mut slot, "refresh-route-table", result)
-    }
-
-    async fn call_observe(&self, observation: &Observation) -> Result<(), StrategyError> {
-        let mut slot = self.acquire().await?;
-        let Some(live) = slot.as_mut() else {
-            return Err(StrategyError::Engine("instance slot empty".into()));
-        };
-        arm(&mut live.store, self.engine.limits().call_timeout);
-        let result = bounded(
-            self.engine.limits().call_timeout,
-            live.bindings
-                .switchyard_router_strategy()
-                .router()
-                .call_observe(&mut live.store, live.router, observation),
-        )
-        .await;
-        self.settle(&mut slot, "observe", result)
-    }
-
-    async fn call_status(&self) -> Result<String, StrategyError> {
-        let mut slot = self.acquire().await?;
-        let Some(live) = slot.as_mut() else {
-            return Err(StrategyError::Engine("instance slot empty".into()));
-        };
-        arm(&mut live.store, self.engine.limits().call_timeout);
-        let result = bounded(
-            self.engine.limits().call_timeout,
-            live.bindings
-                .switchyard_router_strategy()
-                .router()
-                .call_status(&mut live.store, live.router),
-        )
-        .await;
-        self.settle(&mut slot, "status", result)
-    }
-
-    async fn call_tick(&self, now_ms: u64) -> Result<(), StrategyError> {
-        let mut slot = self.acquire().await?;
-        let Some(live) = slot.as_mut() else {
-            return Err(StrategyError::Engine("instance slot empty".into()));
-        };
-        arm(&mut live.store, self.engine.limits().call_timeout);
-        let result = bounded(
-            self.engine.limits().call_timeout,
-            live.bindings
-                .switchyard_router_strategy()
-                .router()
-                .call_tick(&mut live.store, live.router, now_ms),
-        )
-        .await;
-        self.settle(&mut slot, "tick", result)
-    }
-
     pub async fn observe(&self, observation: &Observation) {
         self.note_activity(observation.index, observation.now_ms);
-        let result = self.call_observe(observation).await;
+        let result = self.call(Call::Observe(observation)).await;
         if let Err(e) = &result {
             self.record_failure(e);
         }
     }
 
     fn note_activity(&self, index: u32, at_ms: u64) {
-        let table = self.route_table.lock();
+        let table = self.upstreams.lock();
         let Some(route) = table.iter().find(|r| r.index == index) else {
             return;
         };
@@ -373,7 +303,10 @@ impl ModelRouter {
 
     /// The strategy's status text, as the guest returned it.
     pub async fn status_text(&self) -> Result<String, StrategyError> {
-        let result = self.call_status().await;
+        let result = self.call(Call::Status).await.and_then(|reply| match reply {
+            Reply::Status(text) => Ok(text),
+            _ => Err(StrategyError::Engine("status: unexpected reply".into())),
+        });
         if let Err(e) = &result {
             self.record_failure(e);
         }
@@ -389,7 +322,7 @@ impl ModelRouter {
     }
 
     pub async fn tick(&self, now_ms: u64) {
-        let result = self.call_tick(now_ms).await;
+        let result = self.call(Call::Tick(now_ms)).await;
         if let Err(e) = &result {
             self.record_failure(e);
         }
@@ -444,11 +377,4 @@ fn last_chars(s: &str, n: usize) -> &str {
         Some((i, _)) if s.chars().count() > n => &s[i..],
         _ => s,
     }
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }

@@ -6,7 +6,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use futures::StreamExt;
 
-use crate::config::RouteConfig;
+use crate::config::ModelUpstream;
 use crate::protocol::inbound::Inbound;
 use crate::protocol::ir;
 use crate::protocol::rename::ModelRename;
@@ -58,7 +58,7 @@ pub enum ChatAnswer {
 /// One attempt against one upstream. Created by routing for the upstream it chose; sends once.
 pub struct Attempt<'a> {
     client: &'a UpstreamClient,
-    upstream: &'a RouteConfig,
+    upstream: &'a ModelUpstream,
     /// A pass-through route's client key, used instead of the upstream's own.
     credential: Option<&'a str>,
     started: Instant,
@@ -67,7 +67,7 @@ pub struct Attempt<'a> {
 impl<'a> Attempt<'a> {
     pub fn new(
         client: &'a UpstreamClient,
-        upstream: &'a RouteConfig,
+        upstream: &'a ModelUpstream,
         credential: Option<&'a str>,
     ) -> Self {
         Attempt {

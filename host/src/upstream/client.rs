@@ -7,7 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use parking_lot::RwLock;
 
-use crate::config::UpstreamConfig;
+use crate::config::UpstreamClientConfig;
 
 use super::AttemptError;
 
@@ -41,7 +41,7 @@ pub struct UpstreamClient {
 }
 
 impl UpstreamClient {
-    pub fn new(config: &UpstreamConfig) -> Result<Self, reqwest::Error> {
+    pub fn new(config: &UpstreamClientConfig) -> Result<Self, reqwest::Error> {
         let http = reqwest::Client::builder()
             .connect_timeout(config.connect_timeout)
             .pool_idle_timeout(Duration::from_secs(90))

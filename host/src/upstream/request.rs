@@ -1,6 +1,6 @@
 //! What goes on the wire for one attempt: the URL, the credential and the body.
 
-use crate::config::{ProviderKind, RouteConfig};
+use crate::config::{ModelUpstream, ProviderKind};
 use crate::protocol::Dialect;
 use crate::protocol::inbound::Inbound;
 
@@ -18,7 +18,7 @@ pub fn upstream_dialect(kind: ProviderKind) -> Dialect {
 /// The URL and credential of a call to `upstream` in `dialect`; `credential` (a pass-through
 /// route's client key) replaces the upstream's own key.
 pub(super) fn endpoint<'a>(
-    upstream: &'a RouteConfig,
+    upstream: &'a ModelUpstream,
     dialect: Dialect,
     credential: Option<&'a str>,
 ) -> (String, UpstreamAuth<'a>) {
@@ -43,7 +43,7 @@ pub(super) fn endpoint<'a>(
 
 /// The body for `upstream`: the client's own JSON with the upstream's model name when the dialects
 /// match (fields the IR does not model reach the upstream untouched), else built from the IR.
-pub(super) fn chat_body(inbound: &Inbound, upstream: &RouteConfig, dialect: Dialect) -> Vec<u8> {
+pub(super) fn chat_body(inbound: &Inbound, upstream: &ModelUpstream, dialect: Dialect) -> Vec<u8> {
     if dialect != inbound.dialect {
         return dialect.build_request(&inbound.request, &upstream.provider_model_id);
     }
@@ -59,7 +59,7 @@ pub(super) fn chat_body(inbound: &Inbound, upstream: &RouteConfig, dialect: Dial
 /// An embeddings body: the client's own, with the upstream's model name.
 pub(super) fn embeddings_body(
     body: &serde_json::Map<String, serde_json::Value>,
-    upstream: &RouteConfig,
+    upstream: &ModelUpstream,
 ) -> Vec<u8> {
     let body = PassThroughBody {
         body,

@@ -15,8 +15,8 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use switchyard_sdk::serde_json::json;
 use switchyard_sdk::{
-    Candidate, CircuitState, Decision, Request, Route, Strategy, StrategyInfo, declared_positions,
-    usable_weight,
+    Candidate, CircuitState, Decision, Request, Strategy, StrategyInfo, Upstream,
+    declared_positions, usable_weight,
 };
 
 /// `router_params` of `round_robin`.
@@ -91,7 +91,7 @@ impl Strategy for RoundRobin {
         })
     }
 
-    fn refresh_route_table(&mut self, routes: &[Route]) {
+    fn refresh_upstreams(&mut self, routes: &[Upstream]) {
         let mut table: Vec<u32> = routes.iter().map(|r| r.index).collect();
         table.sort_unstable();
         table.dedup();
@@ -154,8 +154,8 @@ mod tests {
     fn router(params: &str, table: Option<&[u32]>) -> Result<RoundRobin, String> {
         let mut router = RoundRobin::create("m", parse_params(params)?)?;
         if let Some(table) = table {
-            let routes: Vec<Route> = table.iter().map(|&i| Route::new(i, 1.0)).collect();
-            router.refresh_route_table(&routes);
+            let routes: Vec<Upstream> = table.iter().map(|&i| Upstream::new(i, 1.0)).collect();
+            router.refresh_upstreams(&routes);
         }
         Ok(router)
     }
@@ -318,7 +318,7 @@ mod tests {
     fn shrinking_the_table_wraps_the_cursor() -> Result<(), String> {
         let mut rr = router("{}", Some(&[0, 1, 2, 3]))?;
         orders(&mut rr, &closed(&[0, 1, 2, 3]), 3)?;
-        rr.refresh_route_table(&[Route::new(0, 1.0), Route::new(1, 1.0)]);
+        rr.refresh_upstreams(&[Upstream::new(0, 1.0), Upstream::new(1, 1.0)]);
         assert_eq!(
             rr.select(&Request::with_seed(0), &closed(&[0, 1]))?.order,
             vec![0, 1]

@@ -25,8 +25,8 @@ use std::fmt::Write as _;
 
 use serde_json::{Value, json};
 use switchyard_sdk::{
-    Candidate, Decision, LogLevel, Observation, Pricing, Request, Rng, Route, Strategy,
-    StrategyInfo, declared_positions, log,
+    Candidate, Decision, LogLevel, Observation, Pricing, Request, Rng, Strategy, StrategyInfo,
+    Upstream, declared_positions, log,
 };
 
 pub use capacity::{CONCURRENCY_ACQUIRE_TIMEOUT_MS, QuotaState};
@@ -83,8 +83,8 @@ impl DecisionTag {
         tag
     }
 
-    /// `None` for anything this strategy did not produce. A `;hedge=...` suffix (the host's
-    /// hedging convention) is ignored.
+    /// `None` for anything this strategy did not produce. Anything after a `;` is ignored (builds
+    /// against WIT 0.1.0 appended their hedge request there as `;hedge=<ms>@<index>`).
     pub fn parse(text: &str) -> Option<Self> {
         let text = text.split(';').next().unwrap_or_default();
         let mut parts = text.split(':');
@@ -521,7 +521,7 @@ impl Strategy for RouteWise {
         })
     }
 
-    fn refresh_route_table(&mut self, routes: &[Route]) {
+    fn refresh_upstreams(&mut self, routes: &[Upstream]) {
         self.routes = routes
             .iter()
             .map(|r| {
@@ -647,7 +647,7 @@ impl Strategy for RouteWise {
             }
         }
 
-        let mut metadata = match order.first() {
+        let metadata = match order.first() {
             Some(&first) => DecisionTag {
                 epoch,
                 seq,
@@ -659,9 +659,9 @@ impl Strategy for RouteWise {
             .encode(),
             None => String::new(),
         };
-        if let Some((at_ms, backup)) = primary.and_then(|p| self.hedge(&feasible, p)) {
+        let hedge = primary.and_then(|p| self.hedge(&feasible, p));
+        if hedge.is_some() {
             self.counters.hedges_planned += 1;
-            metadata.push_str(&format!(";hedge={at_ms}@{backup}"));
         }
         self.last = Some(LastDecision {
             at_ms: now,
@@ -674,7 +674,13 @@ impl Strategy for RouteWise {
             output_source: output_source.as_str(),
             envelope,
         });
-        Ok(Decision::new(order).with_metadata(metadata))
+        let decision = Decision::new(order).with_metadata(metadata);
+        Ok(match hedge {
+            Some((at_ms, backup)) => {
+                decision.with_hedge(u32::try_from(at_ms).unwrap_or(u32::MAX), backup)
+            }
+            None => decision,
+        })
     }
 
     fn observe(&mut self, observation: &Observation) {

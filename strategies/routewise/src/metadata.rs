@@ -1,4 +1,4 @@
-//! Route metadata (`route.metadata-json`) as RouteWise reads it.
+//! Upstream metadata (`upstream.metadata-json`) as RouteWise reads it.
 //!
 //! ```json
 //! {"provider_type": "quota", "quota": {"limit": 1000}, "quota_pool": "acct-1",

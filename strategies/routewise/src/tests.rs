@@ -2,15 +2,15 @@
 
 use serde_json::Value;
 use switchyard_sdk::{
-    Candidate, Observation, Pricing, Request, Rng, Route, Strategy, parse_params,
+    Candidate, HedgeRequest, Observation, Pricing, Request, Rng, Strategy, Upstream, parse_params,
 };
 
 use crate::{DecisionTag, EXPLORATION_LEASE_MS, RouteWise};
 
 const M: &str = "m";
 
-fn route(index: u32, pricing: Option<(f64, f64)>, metadata: &str) -> Route {
-    Route {
+fn route(index: u32, pricing: Option<(f64, f64)>, metadata: &str) -> Upstream {
+    Upstream {
         endpoint_id: format!("m:ep{index}"),
         pricing: pricing.map(|(prompt, completion)| Pricing {
             prompt,
@@ -19,13 +19,13 @@ fn route(index: u32, pricing: Option<(f64, f64)>, metadata: &str) -> Route {
             input_cache_writes: prompt,
         }),
         metadata_json: metadata.to_owned(),
-        ..Route::new(index, 1.0)
+        ..Upstream::new(index, 1.0)
     }
 }
 
-fn router(params: &str, routes: &[Route]) -> Result<RouteWise, String> {
+fn router(params: &str, routes: &[Upstream]) -> Result<RouteWise, String> {
     let mut rw = RouteWise::create(M, parse_params(params)?)?;
-    rw.refresh_route_table(routes);
+    rw.refresh_upstreams(routes);
     Ok(rw)
 }
 
@@ -268,7 +268,7 @@ fn an_unprofiled_endpoint_is_explored_by_exactly_one_request_per_lease() -> Resu
 fn fallback_order_mixture_first_then_within_budget_by_latency() -> Result<(), String> {
     // Costs 1, 2, 3, 4 USD; TTFT 4, 3, 2, 1 s. α 1/3 → B = 2: the optimum is pure ep1 (cost 2,
     // 3 s), beating mixtures of ep0 with ep2 or ep3 on the budget line.
-    let routes: Vec<Route> = (0..4)
+    let routes: Vec<Upstream> = (0..4)
         .map(|i| route(i, Some((1_000.0 * f64::from(i + 1), 0.0)), "{}"))
         .collect();
     let mut rw = router(r#"{"budget_alpha": 0.3333333333333333}"#, &routes)?;
@@ -472,7 +472,7 @@ fn quota_is_excluded_until_calibrated_and_snapshotted() -> Result<(), String> {
     assert_eq!(s["quota"]["m:m:ep1"]["state"], "no_snapshot");
 
     // The host's snapshot arrives: 5 of 10 used → z = 0.5, cost = sqrt(L·U).
-    rw.refresh_route_table(&[
+    rw.refresh_upstreams(&[
         route(0, Some((1.0, 1.0)), "{}"),
         route(1, None, &quota_meta(10, Some((5, 5)))),
     ]);
@@ -624,7 +624,7 @@ fn property_random_routers() -> Result<(), String> {
     let mut rng = Rng::new(0xfeed);
     for case in 0..300 {
         let n = 1 + rng.below(6) as u32;
-        let routes: Vec<Route> = (0..n)
+        let routes: Vec<Upstream> = (0..n)
             .map(|i| match rng.below(5) {
                 0 => route(i, None, "{}"),
                 1 => route(i, None, CONCURRENCY),
@@ -741,14 +741,22 @@ fn hedge_plan_picks_the_latest_checkpoint_a_backup_can_still_meet() -> Result<()
         "α = 0: the cheap route is the primary"
     );
     // 3000 ms × 0.825 = 2475: 525 ms left, the last checkpoint where 500 ms still fits.
-    assert!(
-        decision.strategy_metadata.ends_with(";hedge=2475@1"),
+    assert_eq!(
+        decision.hedge,
+        Some(HedgeRequest {
+            after_ms: 2475,
+            backup: 1
+        }),
         "{}",
         decision.strategy_metadata
     );
-    // The host's suffix does not confuse the tag.
+    // The hedge is typed (WIT 0.2.0): the metadata is the tag alone.
+    assert!(!decision.strategy_metadata.contains("hedge"));
     let tag = DecisionTag::parse(&decision.strategy_metadata).ok_or("tag")?;
     assert!(!tag.explore);
+    // A 0.1.0 build's suffix does not confuse the tag either.
+    let legacy = format!("{};hedge=2475@1", decision.strategy_metadata);
+    assert_eq!(DecisionTag::parse(&legacy), Some(tag));
 
     // Without enough samples of the backup, or with hedging off, no hedge.
     let mut cold = router(params, &routes)?;
@@ -759,6 +767,7 @@ fn hedge_plan_picks_the_latest_checkpoint_a_backup_can_still_meet() -> Result<()
         cold.observe(&observation(1, true, 500.0, 1_000 + i, ""));
     }
     let decision = cold.select(&request(7, 2_000, 1_000), &candidates(&[0, 1]))?;
+    assert_eq!(decision.hedge, None);
     assert!(!decision.strategy_metadata.contains("hedge"));
     let mut off = router(r#"{"budget_alpha": 0.0}"#, &routes)?;
     for i in 0..30 {
@@ -766,6 +775,7 @@ fn hedge_plan_picks_the_latest_checkpoint_a_backup_can_still_meet() -> Result<()
         off.observe(&observation(0, true, 1_000.0, 1_000 + i, ""));
     }
     let decision = off.select(&request(7, 2_000, 1_000), &candidates(&[0, 1]))?;
+    assert_eq!(decision.hedge, None);
     assert!(!decision.strategy_metadata.contains("hedge"));
     Ok(())
 }

@@ -12,7 +12,7 @@ use serde_json::json;
 use super::counter::{Clock, LocalCounter, SystemClock};
 use super::plan::{Diagnostic, PoolPlan, QuotaPlan, Resolution, Unresolved};
 use super::{QuotaSnapshot, is_quota_route};
-use crate::config::RouteConfig;
+use crate::config::ModelUpstream;
 
 /// The longest the refresh loop sleeps, so routes added at run time are planned within a minute.
 pub const MAX_WAKE: Duration = Duration::from_secs(60);
@@ -106,7 +106,7 @@ impl QuotaBoard {
 
     /// Writes the latest snapshot of each quota route's pool into its `metadata.quota_snapshot`
     /// (routes without one are left as they are).
-    pub fn apply_snapshots(&self, routes: &mut [RouteConfig]) {
+    pub fn apply_snapshots(&self, routes: &mut [ModelUpstream]) {
         let state = self.state.lock();
         for route in routes.iter_mut().filter(|r| is_quota_route(r)) {
             let snapshot = state
@@ -124,7 +124,7 @@ impl QuotaBoard {
     }
 
     /// A copy of `routes` with the latest snapshots applied: what is pushed to a router.
-    pub fn with_snapshots(&self, routes: &[RouteConfig]) -> Vec<RouteConfig> {
+    pub fn with_snapshots(&self, routes: &[ModelUpstream]) -> Vec<ModelUpstream> {
         let mut routes = routes.to_vec();
         self.apply_snapshots(&mut routes);
         routes

@@ -16,7 +16,7 @@
 
 use super::{is_quota_route, provider_type};
 use crate::config::ModelConfig;
-use crate::routing::table::RouteTable;
+use crate::routing::table::ModelTable;
 
 /// The strategy the guards apply to.
 pub const ROUTEWISE: &str = "routewise";
@@ -66,14 +66,14 @@ fn describe_uncalibrated(models: &[UncalibratedModel]) -> String {
 /// Fails for every published RouteWise model whose routes are all quota routes while its
 /// component reports the envelope uncalibrated; logs once, per model, that a model with quota
 /// routes among others starts degraded.
-pub async fn cold_start(table: &RouteTable) -> Result<(), EnvelopeNotCalibratedError> {
+pub async fn cold_start(table: &ModelTable) -> Result<(), EnvelopeNotCalibratedError> {
     let mut uncalibrated = Vec::new();
     for model in table.models() {
         if model.router.strategy.name != ROUTEWISE || !model.config.published {
             continue;
         }
         let quota: Vec<&str> = model
-            .routes()
+            .upstreams()
             .iter()
             .filter(|r| is_quota_route(r))
             .map(|r| r.endpoint_id.as_str())
@@ -88,7 +88,7 @@ pub async fn cold_start(table: &RouteTable) -> Result<(), EnvelopeNotCalibratedE
         }
         let samples = envelope["samples"].as_u64().unwrap_or(0);
         let min_samples = envelope["min_samples"].as_u64().unwrap_or(0);
-        if quota.len() == model.routes().len() {
+        if quota.len() == model.upstreams().len() {
             uncalibrated.push(UncalibratedModel {
                 model: model.id().to_owned(),
                 samples,
@@ -178,7 +178,7 @@ pub fn replica_guard(
         })
         .filter_map(|m| {
             let routes: Vec<String> = m
-                .routes
+                .upstreams
                 .iter()
                 .filter_map(|r| match provider_type(r) {
                     Some(t @ ("quota" | "concurrency")) => Some(format!("{} {t}", r.endpoint_id)),

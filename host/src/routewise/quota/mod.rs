@@ -55,7 +55,7 @@ pub struct QuotaSnapshot {
 }
 
 /// The route's `metadata.provider_type`, when it is a string.
-pub fn provider_type(route: &crate::config::RouteConfig) -> Option<&str> {
+pub fn provider_type(route: &crate::config::ModelUpstream) -> Option<&str> {
     route
         .metadata
         .get("provider_type")
@@ -63,6 +63,6 @@ pub fn provider_type(route: &crate::config::RouteConfig) -> Option<&str> {
 }
 
 /// Whether the route is a quota route (`metadata.provider_type: quota`).
-pub fn is_quota_route(route: &crate::config::RouteConfig) -> bool {
+pub fn is_quota_route(route: &crate::config::ModelUpstream) -> bool {
     provider_type(route) == Some("quota")
 }

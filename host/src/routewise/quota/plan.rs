@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::fetch::Provider;
-use crate::config::{ModelConfig, RouteConfig};
+use crate::config::{ModelConfig, ModelUpstream};
 
 /// The refresh period when `router_params.quota_snapshot_refresh_interval_sec` is absent.
 pub const DEFAULT_REFRESH_SEC: u64 = 60;
@@ -58,7 +58,7 @@ pub enum Resolution {
 /// Why a quota route gets no snapshot.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Unresolved {
-    /// Neither `quota_source` nor `local_quota_fallback: true` on any route of the pool.
+    /// Neither `quota_source` nor `local_quota_fallback: true` on any upstream of the pool.
     #[error(
         "no `quota_source` and no `local_quota_fallback: true` on the route or its pool, so \
          nothing fills its quota_snapshot"
@@ -95,7 +95,7 @@ pub enum Unresolved {
     NoKey { provider: Provider },
     /// A local counter without a limit to count against.
     #[error(
-        "local_quota_fallback needs `quota.limit` (requests per local day) on a route of the pool"
+        "local_quota_fallback needs `quota.limit` (requests per local day) on an upstream of the pool"
     )]
     LocalNeedsLimit,
     /// The last fetch failed; the previous snapshot, if any, is kept and ages.
@@ -181,7 +181,7 @@ enum Declared {
     Malformed(String),
 }
 
-fn declared(route: &RouteConfig) -> Declared {
+fn declared(route: &ModelUpstream) -> Declared {
     if route
         .metadata
         .get("local_quota_fallback")
@@ -200,7 +200,7 @@ fn declared(route: &RouteConfig) -> Declared {
 }
 
 /// `metadata.quota.limit`, when positive.
-fn declared_limit(route: &RouteConfig) -> Option<u64> {
+fn declared_limit(route: &ModelUpstream) -> Option<u64> {
     route
         .metadata
         .get("quota")
@@ -210,7 +210,7 @@ fn declared_limit(route: &RouteConfig) -> Option<u64> {
 }
 
 /// `metadata.quota_pool`, else RouteWise's default `{model}:{endpoint_id}`.
-pub fn pool_name(model: &str, route: &RouteConfig) -> String {
+pub fn pool_name(model: &str, route: &ModelUpstream) -> String {
     route
         .metadata
         .get("quota_pool")
@@ -229,7 +229,7 @@ fn refresh_ms(model: &ModelConfig) -> u64 {
         .saturating_mul(1000)
 }
 
-fn host_of(route: &RouteConfig) -> Option<String> {
+fn host_of(route: &ModelUpstream) -> Option<String> {
     url::Url::parse(&route.base_url)
         .ok()
         .and_then(|u| u.host_str().map(str::to_owned))
@@ -239,14 +239,14 @@ fn host_of(route: &RouteConfig) -> Option<String> {
 /// provider's, else the first route of the provider's host that has a key.
 fn find_key(
     provider: Provider,
-    owner: Option<&RouteConfig>,
-    all: &[&RouteConfig],
+    owner: Option<&ModelUpstream>,
+    all: &[&ModelUpstream],
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Option<(String, String)> {
     if let Some(key) = env(provider.key_env()).filter(|k| !k.trim().is_empty()) {
         return Some((key.trim().to_owned(), format!("env {}", provider.key_env())));
     }
-    let serves = |r: &&RouteConfig| host_of(r).is_some_and(|h| provider.serves_host(&h));
+    let serves = |r: &&ModelUpstream| host_of(r).is_some_and(|h| provider.serves_host(&h));
     owner
         .into_iter()
         .chain(all.iter().copied())
@@ -254,15 +254,15 @@ fn find_key(
         .find_map(|r| {
             r.api_key
                 .clone()
-                .map(|k| (k, format!("route {}", r.endpoint_id)))
+                .map(|k| (k, format!("upstream {}", r.endpoint_id)))
         })
 }
 
 fn resolve(
     declared: Declared,
-    owner: Option<&RouteConfig>,
+    owner: Option<&ModelUpstream>,
     limit: Option<u64>,
-    all: &[&RouteConfig],
+    all: &[&ModelUpstream],
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Resolution {
     let unresolved = Resolution::Unresolved;
@@ -320,12 +320,12 @@ impl QuotaPlan {
         env: &dyn Fn(&str) -> Option<String>,
     ) -> QuotaPlan {
         let models: Vec<&ModelConfig> = models.into_iter().collect();
-        let all: Vec<&RouteConfig> = models.iter().flat_map(|m| m.routes.iter()).collect();
+        let all: Vec<&ModelUpstream> = models.iter().flat_map(|m| m.upstreams.iter()).collect();
         let mut plan = QuotaPlan::default();
         // Per pool: (owner route, its declaration).
-        let mut owners: BTreeMap<String, (&RouteConfig, Declared)> = BTreeMap::new();
+        let mut owners: BTreeMap<String, (&ModelUpstream, Declared)> = BTreeMap::new();
         for model in &models {
-            for route in model.routes.iter().filter(|r| super::is_quota_route(r)) {
+            for route in model.upstreams.iter().filter(|r| super::is_quota_route(r)) {
                 let pool = pool_name(&model.id, route);
                 plan.routes.push(RoutePlan {
                     model: model.id.clone(),

@@ -10,7 +10,8 @@ use super::board::QuotaBoard;
 use super::fetch::{self, FetchError, UsageRecord};
 use super::plan::{FetchTarget, QuotaPlan, Resolution, Unresolved};
 use crate::config::ModelConfig;
-use crate::routing::table::{RouteTable, wit_routes};
+use crate::routing::table::ModelTable;
+use crate::strategy::upstream_table;
 
 /// How often a push is retried when the table was swapped under it.
 const PUSH_ATTEMPTS: usize = 3;
@@ -113,7 +114,7 @@ fn found(records: &[UsageRecord]) -> String {
 /// new table again, so the last push always carries the newest weights.
 pub async fn push_snapshots(
     board: &QuotaBoard,
-    table: &(dyn Fn() -> Option<Arc<RouteTable>> + Send + Sync),
+    table: &(dyn Fn() -> Option<Arc<ModelTable>> + Send + Sync),
     models: &[String],
 ) {
     if models.is_empty() {
@@ -122,8 +123,8 @@ pub async fn push_snapshots(
     for _ in 0..PUSH_ATTEMPTS {
         let Some(current) = table() else { return };
         for entry in current.models().filter(|m| models.contains(&m.config.id)) {
-            let routes = wit_routes(&board.with_snapshots(entry.routes()));
-            if let Err(e) = entry.router.refresh_route_table(routes).await {
+            let routes = upstream_table(&board.with_snapshots(entry.upstreams()));
+            if let Err(e) = entry.router.refresh_upstreams(routes).await {
                 tracing::warn!(model = %entry.id(), "pushing quota snapshots failed: {e}");
             }
         }
@@ -140,7 +141,7 @@ pub async fn push_snapshots(
 /// URLs come from the process environment.
 pub fn spawn_refresh<F>(board: Arc<QuotaBoard>, table: F)
 where
-    F: Fn() -> Option<Arc<RouteTable>> + Send + Sync + 'static,
+    F: Fn() -> Option<Arc<ModelTable>> + Send + Sync + 'static,
 {
     let client = match reqwest::Client::builder()
         .connect_timeout(fetch::FETCH_TIMEOUT)

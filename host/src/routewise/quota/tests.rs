@@ -357,13 +357,13 @@ async fn refresh_matches_records_shares_pools_and_reports_failures() {
         at_ms: NEW_YEAR_UTC,
     };
     assert_eq!(board.snapshot("acct"), Some(expected));
-    let mut routes = models[1].routes.clone();
+    let mut routes = models[1].upstreams.clone();
     board.apply_snapshots(&mut routes);
     assert_eq!(
         routes[0].metadata["quota_snapshot"],
         serde_json::json!({"used": 42, "limit": 300, "at_ms": NEW_YEAR_UTC})
     );
-    let routes = board.with_snapshots(&models[0].routes);
+    let routes = board.with_snapshots(&models[0].upstreams);
     assert!(routes[1].metadata.get("quota_snapshot").is_none());
     assert!(routes[2].metadata.get("quota_snapshot").is_none());
 

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::config::RouteConfig;
+use crate::config::ModelUpstream;
 use crate::protocol::inbound::Inbound;
 use crate::upstream::{Attempt, AttemptError, ChatAnswer, UpstreamClient};
 
@@ -80,7 +80,7 @@ pub async fn chat(
             chat: true,
         },
     };
-    let hedge = hedge::planned(&plan, model.routes());
+    let hedge = hedge::planned(&plan, model.upstreams());
     let (answer, attribution) = dispatch.run(hedge).await?;
     Ok(match answer {
         ChatAnswer::Complete { body, usage } => Answer::Complete {
@@ -149,7 +149,7 @@ impl<C: Call> Dispatch<'_, C> {
         position: usize,
         ticket: Ticket,
     ) -> Result<C::Answer, AttemptError> {
-        let upstream = &self.ledger.model.routes()[position];
+        let upstream = &self.ledger.model.upstreams()[position];
         let ledger = self.ledger.open(position, upstream, ticket);
         let credential = self.ledger.plan.credential.as_deref();
         let attempt = Attempt::new(self.client, upstream, credential);
@@ -160,7 +160,7 @@ impl<C: Call> Dispatch<'_, C> {
     /// too (and recorded as excluded); a pinned request goes where the operator said.
     pub(super) fn admit(
         &self,
-        upstream: &RouteConfig,
+        upstream: &ModelUpstream,
         excluded: &mut Vec<Exclusion>,
     ) -> Option<Ticket> {
         if self.ledger.plan.pinned {
@@ -185,7 +185,7 @@ impl<C: Call> Dispatch<'_, C> {
         mut hedge: Option<Hedge>,
     ) -> Result<(C::Answer, Attribution), DispatchError> {
         let plan = self.ledger.plan;
-        let routes = self.ledger.model.routes();
+        let routes = self.ledger.model.upstreams();
         let mut failed: Vec<FailedAttempt> = Vec::new();
         let mut excluded = plan.excluded.clone();
         let mut sent_backup: Option<usize> = None;
@@ -231,7 +231,7 @@ impl<C: Call> Dispatch<'_, C> {
 }
 
 /// Records the upstreams left untried because the inbound route's `max_attempts` ran out.
-fn not_tried(excluded: &mut Vec<Exclusion>, routes: &[RouteConfig], rest: &[usize], max: usize) {
+fn not_tried(excluded: &mut Vec<Exclusion>, routes: &[ModelUpstream], rest: &[usize], max: usize) {
     for &p in rest {
         if let Some(upstream) = routes.get(p) {
             excluded.push(Exclusion {

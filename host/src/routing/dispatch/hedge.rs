@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::config::RouteConfig;
+use crate::config::ModelUpstream;
 
 use super::super::health::Ticket;
 use super::super::select::{Exclusion, Plan};
@@ -20,25 +20,20 @@ pub(super) struct Hedge {
     backup: usize,
 }
 
-/// The strategy's hedge request, from the `;hedge=<ms>@<route index>` suffix of its metadata
-/// (the host's convention; see `docs/routewise.md`). Never for pinned plans.
-pub(super) fn planned(plan: &Plan, routes: &[RouteConfig]) -> Option<Hedge> {
+/// The strategy's hedge request (typed since WIT 0.2.0; a 0.1.0 strategy's `;hedge=<ms>@<index>`
+/// metadata suffix is turned into one by the strategy host). Never for pinned plans.
+pub(super) fn planned(plan: &Plan, routes: &[ModelUpstream]) -> Option<Hedge> {
     if plan.pinned || plan.max_attempts < 2 {
         return None;
     }
-    let spec = plan
-        .strategy_metadata
-        .split(';')
-        .find_map(|p| p.strip_prefix("hedge="))?;
-    let (ms, index) = spec.split_once('@')?;
-    let index: u32 = index.parse().ok()?;
-    let backup = routes.iter().position(|r| r.index == index)?;
+    let hedge = plan.hedge?;
+    let backup = routes.iter().position(|r| r.index == hedge.backup)?;
     let first = plan.order.first().and_then(|&p| routes.get(p))?;
-    if first.index == index {
+    if first.index == hedge.backup {
         return None;
     }
     Some(Hedge {
-        after: Duration::from_millis(ms.parse().ok()?),
+        after: Duration::from_millis(u64::from(hedge.after_ms)),
         backup,
     })
 }
@@ -53,7 +48,7 @@ impl<C: Call> Dispatch<'_, C> {
         hedge: Hedge,
         excluded: &mut Vec<Exclusion>,
     ) -> Step<C::Answer> {
-        let routes = self.ledger.model.routes();
+        let routes = self.ledger.model.upstreams();
         let first = self.attempt(primary, primary_ticket);
         tokio::pin!(first);
         let done = tokio::select! {

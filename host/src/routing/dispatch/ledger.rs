@@ -7,13 +7,14 @@ use std::sync::Arc;
 use std::task::Context;
 use std::time::Instant;
 
-use crate::config::RouteConfig;
+use crate::config::ModelUpstream;
 use crate::protocol::ir;
 use crate::strategy::{ModelRouter, Observation};
 use crate::upstream::{AttemptEnd, AttemptError, AttemptSink};
 
 use super::super::RoutingContext;
 use super::super::health::{Outcome, Ticket};
+use super::super::inflight::InFlightGuard;
 use super::super::key_pools::is_key_rejection;
 use super::super::prefill::PrefillLease;
 use super::super::select::Plan;
@@ -35,9 +36,11 @@ pub(super) struct RequestLedger<'a> {
 
 impl RequestLedger<'_> {
     /// Opens the books of an attempt at the upstream at `position` of the model's list, admitted
-    /// with `ticket`: counts it against the local quota and, for chat, takes its prefill lease.
-    pub fn open(&self, position: usize, upstream: &RouteConfig, ticket: Ticket) -> AttemptLedger {
+    /// with `ticket`: counts it in flight and against the local quota and, for chat, takes its
+    /// prefill lease.
+    pub fn open(&self, position: usize, upstream: &ModelUpstream, ticket: Ticket) -> AttemptLedger {
         let ctx = self.ctx;
+        let in_flight = ctx.inflight.enter(&upstream.endpoint_id);
         ctx.extension.on_attempt(&upstream.endpoint_id); // RouteWise's local quota counter
         let lease = self.chat.then(|| {
             // Released at the first token, or wherever the attempt ends (drop).
@@ -61,13 +64,14 @@ impl RequestLedger<'_> {
             lease,
             prompt_tokens: self.prompt_tokens,
             strategy_metadata: self.chat.then(|| self.plan.strategy_metadata.clone()),
+            _in_flight: in_flight,
         }
     }
 
     /// Key affinity: a caller served by a pool key keeps that key, unless it already has a live
     /// binding in the pool (a binding to a key that is merely quieted survives; the pool walks
     /// around it until it is back).
-    pub fn served(&self, upstream: &RouteConfig) {
+    pub fn served(&self, upstream: &ModelUpstream) {
         let (Some(caller), Some(key)) = (self.caller, upstream.key.as_ref()) else {
             return;
         };
@@ -91,7 +95,7 @@ impl RequestLedger<'_> {
 
     /// A hedged attempt that lost the race is cancelled: it says nothing about its endpoint, but a
     /// probe it held did reach it. Called before the attempt (and its ledger) is dropped.
-    pub fn cancelled(&self, upstream: &RouteConfig, ticket: Ticket) {
+    pub fn cancelled(&self, upstream: &ModelUpstream, ticket: Ticket) {
         self.ctx
             .health
             .record(&upstream.endpoint_id, ticket, Outcome::Neutral, None);
@@ -114,11 +118,13 @@ pub(super) struct AttemptLedger {
     prompt_tokens: u32,
     /// `Some` when the strategy observes this attempt (chat).
     strategy_metadata: Option<String>,
+    /// Counts the attempt in flight until it is dropped: with the relay, for a stream.
+    _in_flight: InFlightGuard,
 }
 
 impl AttemptLedger {
-    fn upstream(&self) -> &RouteConfig {
-        &self.model.routes()[self.position]
+    fn upstream(&self) -> &ModelUpstream {
+        &self.model.upstreams()[self.position]
     }
 
     /// What a failed attempt says about the endpoint. A key rejected by the upstream
@@ -149,7 +155,7 @@ impl AttemptLedger {
 impl AttemptSink for AttemptLedger {
     fn first_token(&mut self) {
         if std::mem::take(&mut self.health_pending) {
-            let upstream = &self.model.routes()[self.position];
+            let upstream = &self.model.upstreams()[self.position];
             self.ctx
                 .health
                 .record(&upstream.endpoint_id, self.ticket, Outcome::Success, None);
@@ -219,7 +225,7 @@ impl Drop for AttemptLedger {
         // Abandoned (the client left, or a hedge was cancelled): a probe claim is given back.
         // The lease is released by its own Drop.
         if self.health_pending {
-            let upstream = &self.model.routes()[self.position];
+            let upstream = &self.model.upstreams()[self.position];
             self.ctx.health.release(&upstream.endpoint_id, self.ticket);
         }
     }

@@ -15,7 +15,7 @@ pub use attempts::{chat, embeddings};
 
 use bytes::Bytes;
 
-use crate::config::RouteConfig;
+use crate::config::ModelUpstream;
 use crate::upstream::{AttemptError, EventStream, StreamSummary};
 
 use super::select::Exclusion;
@@ -32,7 +32,7 @@ pub struct FailedAttempt {
 }
 
 impl FailedAttempt {
-    fn new(upstream: &RouteConfig, e: &AttemptError) -> Self {
+    fn new(upstream: &ModelUpstream, e: &AttemptError) -> Self {
         Self {
             provider: upstream.kind.as_str().to_owned(),
             endpoint_id: upstream.endpoint_id.clone(),
@@ -55,7 +55,7 @@ pub struct Attribution {
 
 impl Attribution {
     /// Served by `upstream` after the `failed` attempts.
-    fn new(upstream: &RouteConfig, failed: Vec<FailedAttempt>) -> Self {
+    fn new(upstream: &ModelUpstream, failed: Vec<FailedAttempt>) -> Self {
         Self {
             provider: upstream.kind.as_str().to_owned(),
             base_url: upstream.base_url.clone(),
