@@ -153,7 +153,7 @@ fn keys_come_from_env_then_the_providers_own_routes() {
     match &plan.pool_of("m:local-9001").unwrap().resolution {
         Resolution::Fetch { target, .. } => {
             assert_eq!(target.key, "mm-key");
-            assert_eq!(target.key_from, "route other:minimax-api");
+            assert_eq!(target.key_from, "upstream other:minimax-api");
         }
         other => panic!("{other:?}"),
     }
