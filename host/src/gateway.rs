@@ -1,5 +1,8 @@
 //! Assembling the gateway from a validated config: strategy engine and catalog, route table, upstream
-//! client, storage. Used by `serve` and `check`.
+//! client, storage. Used by `serve` and `check`. Rooms beside the request path plug in through
+//! one hook, [`extension::Extension`].
+
+pub mod extension;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -126,7 +129,9 @@ impl Gateway {
             snapshot: RwLock::new(snapshot),
             rebuild_problems: Mutex::new(Vec::new()),
             routing: {
-                let ctx = RoutingContext::new(&config);
+                let mut ctx = RoutingContext::new(&config);
+                // The gateway's one extension: RouteWise's host support.
+                ctx.extension = Arc::new(crate::routewise::RouteWiseHost::new());
                 ctx.keys
                     .update_declarations(routing.table.models().flat_map(|m| m.upstreams().iter()));
                 ctx
@@ -165,10 +170,10 @@ impl Gateway {
     pub async fn apply_snapshot(&self, snapshot: Arc<Snapshot>) {
         let _serial = self.rebuild.lock().await;
         let mut models = crate::routing::db_models::merged_models(&self.config, &snapshot);
-        // Run-time RouteWise settings from the database, layered onto the config's params.
+        // Extensions may change the models first (RouteWise layers its run-time settings).
         self.routing
-            .routewise
-            .apply_settings(
+            .extension
+            .on_snapshot(
                 &mut models,
                 &snapshot,
                 &self.table(),
@@ -187,7 +192,9 @@ impl Gateway {
                 &self.catalog,
                 |m| crate::routing::policy::apply(m, &overrides, &unhealthy, local_fraction),
                 |routes| {
-                    crate::strategy::upstream_table(&self.routing.quota.with_snapshots(routes))
+                    crate::strategy::upstream_table(
+                        &self.routing.extension.upstream_metadata(routes),
+                    )
                 },
             )
             .await;
@@ -210,8 +217,8 @@ impl Gateway {
         *self.table.write() = Arc::new(table);
         // New RouteWise routers start from the request log when their params ask for it.
         self.routing
-            .routewise
-            .bootstrap_new_routers(&self.table(), self.store.as_ref())
+            .extension
+            .on_table(&self.table(), self.store.as_ref())
             .await;
         *self.inbound_routes.write() = Arc::new(RouteSet::build(&self.config, &snapshot));
         *self.snapshot.write() = snapshot;
@@ -297,7 +304,7 @@ impl Gateway {
             };
             if weights(before) != weights(after) {
                 let routes = crate::strategy::upstream_table(
-                    &self.routing.quota.with_snapshots(after.upstreams()), // quota snapshots survive
+                    &self.routing.extension.upstream_metadata(after.upstreams()), // quota snapshots survive
                 );
                 if let Err(e) = after.router.refresh_upstreams(routes).await {
                     tracing::warn!(model = %after.id(), "pushing the new upstream table failed: {e}");
@@ -374,24 +381,9 @@ impl Gateway {
         });
     }
 
-    /// Reads quota usage now and then every `quota_snapshot_refresh_interval_sec`, and pushes each
-    /// quota route's `quota_snapshot` to its router (see `routing::quota`).
-    pub fn spawn_quota_refresh(self: &Arc<Self>) {
-        let weak = Arc::downgrade(self);
-        crate::routing::quota::spawn_refresh(self.routing.quota.clone(), move || {
-            weak.upgrade().map(|g| g.table())
-        });
-    }
-
-    /// Probes idle endpoints of RouteWise models that enable it (`routing::routewise::probe`).
-    pub fn spawn_routewise_prober(self: &Arc<Self>) {
-        let weak = Arc::downgrade(self);
-        crate::routing::routewise::probe::spawn(
-            self.routing.routewise.probes.clone(),
-            self.upstreams.clone(),
-            self.routing.quota.clone(),
-            move || weak.upgrade().map(|g| g.table()),
-        );
+    /// Starts the extension's background tasks (RouteWise: the quota refresh and the prober).
+    pub fn spawn_extension_tasks(self: &Arc<Self>) {
+        self.routing.extension.spawn_tasks(self);
     }
 
     /// Calls every router's `tick` at the configured interval, for strategies with time-based state.

@@ -5,7 +5,9 @@
 //! fallback) → [`strategy`] (the wasm host that orders routes) → [`upstream`] (one attempt against
 //! one provider); [`store`] keeps logs and state; [`entity`] holds the configuration entities that
 //! the store keeps and the other modules use; [`config`] loads the YAML; [`admin`] is the
-//! operator's API; [`mock`] is the simulated upstream used by demos, tests and benchmarks.
+//! operator's API; [`routewise`] is the host's side of the RouteWise strategy, plugged into the
+//! gateway through one hook ([`gateway::extension`]); [`mock`] is the simulated upstream used by
+//! demos, tests and benchmarks.
 #![forbid(unsafe_code)]
 
 pub mod admin;
@@ -16,6 +18,7 @@ pub mod gateway;
 pub mod inbound_routes;
 pub mod mock;
 pub mod protocol;
+pub mod routewise;
 pub mod routing;
 pub mod server;
 pub mod store;

@@ -13,7 +13,7 @@ use clap::{Parser, Subcommand};
 use switchyard::config::Config;
 use switchyard::gateway::{Gateway, Routing, builtin_strategies_dir};
 use switchyard::mock::{self, MockOptions};
-use switchyard::routing::quota;
+use switchyard::routewise::quota;
 use switchyard::store::Store;
 use switchyard::strategy::{
     CatalogEntry, StrategyCatalog, StrategyEngine, StrategyLimits, catalog, contract, offline,
@@ -216,7 +216,7 @@ fn load_config(path: &Path) -> anyhow::Result<Config> {
 
 async fn serve(config_path: &Path, listen: Option<String>) -> anyhow::Result<()> {
     let config = load_config(config_path)?;
-    // Stateful providers (routing::quota): one process only, no quota-only model uncalibrated.
+    // Stateful providers (routewise::quota): one process only, no quota-only model uncalibrated.
     quota::replica_guard(&config.models, &|var| std::env::var(var).ok())?;
     let routing = Routing::build(&config).await?;
     let store = Store::open(&config.database_url)
@@ -236,8 +236,7 @@ async fn serve(config_path: &Path, listen: Option<String>) -> anyhow::Result<()>
     gateway.spawn_snapshot_sync();
     gateway.spawn_ticker();
     gateway.spawn_health_checks();
-    gateway.spawn_quota_refresh();
-    gateway.spawn_routewise_prober();
+    gateway.spawn_extension_tasks();
     let listener = tokio::net::TcpListener::bind(&listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;

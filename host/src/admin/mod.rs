@@ -20,7 +20,6 @@ mod consumers;
 pub mod error;
 mod provider_keys;
 mod routes;
-mod routewise;
 mod upstreams;
 pub mod views;
 pub mod weights;
@@ -44,7 +43,7 @@ use auth::AdminCaller;
 use error::ApiError;
 
 /// The gateway's store, or 503 when it runs without one.
-fn store(gateway: &Gateway) -> Result<&Store, ApiError> {
+pub(crate) fn store(gateway: &Gateway) -> Result<&Store, ApiError> {
     gateway.store.as_ref().ok_or(ApiError::NoStore)
 }
 
@@ -160,19 +159,8 @@ pub fn management_router() -> Router<Arc<Gateway>> {
                 .patch(upstreams::update_model)
                 .delete(upstreams::delete_model),
         )
-        .route(
-            "/admin/routewise/settings",
-            get(routewise::get_settings).patch(routewise::patch_settings),
-        )
-        .route(
-            "/admin/routewise/model-settings",
-            get(routewise::get_model_settings),
-        )
-        .route(
-            "/admin/routewise/model-settings/{key}",
-            axum::routing::patch(routewise::patch_model_setting)
-                .delete(routewise::delete_model_setting),
-        )
+        // The RouteWise room's handlers (`/admin/routewise/*`).
+        .merge(crate::routewise::admin::router())
 }
 
 /// How this process's configuration snapshot stands.
@@ -206,7 +194,16 @@ async fn store_status(
 #[utoipa::path(get, path = "/admin/openapi.json", tag = "store",
     responses((status = 200, description = "The OpenAPI 3.1 document of the management API")))]
 async fn openapi_json(_: AdminCaller) -> Json<utoipa::openapi::OpenApi> {
-    Json(ApiDoc::openapi())
+    Json(api_doc())
+}
+
+/// The management API's OpenAPI document: [`ApiDoc`] with the RouteWise room's operations
+/// merged in, every operation given the common answers of [`CommonResponses`].
+pub fn api_doc() -> utoipa::openapi::OpenApi {
+    let mut doc = ApiDoc::openapi();
+    doc.merge(crate::routewise::admin::ApiDoc::openapi());
+    CommonResponses.modify(&mut doc);
+    doc
 }
 
 #[derive(OpenApi)]
@@ -262,11 +259,6 @@ async fn openapi_json(_: AdminCaller) -> Json<utoipa::openapi::OpenApi> {
         provider_keys::create,
         provider_keys::set_min_role,
         provider_keys::reserve_env_key,
-        routewise::get_settings,
-        routewise::patch_settings,
-        routewise::get_model_settings,
-        routewise::patch_model_setting,
-        routewise::delete_model_setting,
     ),
     components(schemas(error::ErrorBody, error::ErrorDetail)),
     modifiers(&CommonResponses),
@@ -275,7 +267,6 @@ async fn openapi_json(_: AdminCaller) -> Json<utoipa::openapi::OpenApi> {
         (name = "consumers", description = "Consumers and their API keys"),
         (name = "upstreams", description = "Providers, upstreams, upstream keys and model mappings"),
         (name = "store", description = "Sync status and this document"),
-        (name = "routewise", description = "RouteWise router_params changed at run time: a global fallback layer and per-model overrides"),
     )
 )]
 pub struct ApiDoc;

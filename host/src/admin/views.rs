@@ -143,7 +143,7 @@ pub async fn health_deep(State(gateway): State<Arc<Gateway>>) -> Json<serde_json
             )
         })
         .collect();
-    Json(serde_json::json!({
+    let mut deep = serde_json::json!({
         "status": if degraded { "degraded" } else { "ok" },
         "prefill": prefill,
         "affinity_records": gateway.routing.affinity.len(),
@@ -154,7 +154,10 @@ pub async fn health_deep(State(gateway): State<Arc<Gateway>>) -> Json<serde_json
         "database": gateway.store.as_ref().map(|s| s.backend()),
         "database_sync": gateway.store.as_ref().map(|s| s.snapshots().status()),
         "api_logs": api_log,
-        "quota": gateway.routing.quota.report(),
-        "routewise": gateway.routing.routewise.report(),
-    }))
+    });
+    // The extension's sections (RouteWise: `quota`, `routewise`).
+    for (key, section) in gateway.routing.extension.health() {
+        deep[key] = section;
+    }
+    Json(deep)
 }

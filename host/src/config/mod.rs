@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 pub use endpoint_id::{endpoint_id, is_loopback};
 pub use raw::{Capability, DefaultAuth, ProviderKind};
 pub use runtime::{
-    Config, DatabaseModelsConfig, HealthCheckConfig, ModelConfig, PoolKey, ModelUpstream,
+    Config, DatabaseModelsConfig, HealthCheckConfig, ModelConfig, ModelUpstream, PoolKey,
     RoutingConfig, ServerConfig, StrategiesConfig, UpstreamClientConfig,
 };
 

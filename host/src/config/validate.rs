@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::knobs::{affinity_and_prefill, health_config, key_pool_config, pick};
 use super::{
     Config, ConfigError, DEFAULT_GROUP, DatabaseModelsConfig, DefaultAuth, HealthCheckConfig,
-    ModelConfig, PoolKey, ModelUpstream, RoutingConfig, ServerConfig, StrategiesConfig,
+    ModelConfig, ModelUpstream, PoolKey, RoutingConfig, ServerConfig, StrategiesConfig,
     UpstreamClientConfig, endpoint_id, raw,
 };
 

@@ -111,7 +111,9 @@ pub fn merged_models(config: &Config, snapshot: &Snapshot) -> Vec<ModelConfig> {
             .find(|m| m.id == name || m.aliases.iter().any(|a| a == name))
         {
             let next = model.upstreams.len() as u32;
-            model.upstreams.extend(database_routes(snapshot, name, next));
+            model
+                .upstreams
+                .extend(database_routes(snapshot, name, next));
             continue;
         }
         let d = &config.routing.database_models;

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::config::{PoolKey, ModelUpstream};
+use crate::config::{ModelUpstream, PoolKey};
 use crate::entity::Role;
 
 /// Key-pool knobs.
@@ -209,7 +209,10 @@ impl KeyPools {
 
     /// Records every pool's declarations from a new upstream table; bindings whose preferred key
     /// changed (or whose key left the pool) are dropped. Returns how many were dropped.
-    pub fn update_declarations<'a>(&self, routes: impl Iterator<Item = &'a ModelUpstream>) -> usize {
+    pub fn update_declarations<'a>(
+        &self,
+        routes: impl Iterator<Item = &'a ModelUpstream>,
+    ) -> usize {
         let mut next: HashMap<String, Declarations> = HashMap::new();
         for route in routes {
             if let Some(key) = &route.key {

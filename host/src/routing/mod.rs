@@ -9,8 +9,6 @@ pub mod inflight;
 pub mod key_pools;
 pub mod policy;
 pub mod prefill;
-pub mod quota;
-pub mod routewise;
 pub mod select;
 pub mod table;
 
@@ -23,12 +21,11 @@ pub struct RoutingContext {
     pub health: Arc<health::HealthRegistry>,
     pub prefill: Arc<prefill::PrefillTracker>,
     pub affinity: Arc<affinity::AffinityTable>,
-    /// Quota snapshots and the local request counter (`quota`).
-    pub quota: Arc<quota::QuotaBoard>,
     /// Upstream key reservations, quieting and key affinity.
     pub keys: Arc<crate::routing::key_pools::KeyPools>,
-    /// Host-side RouteWise state: run-time settings (`routewise`).
-    pub routewise: Arc<routewise::RouteWiseHost>,
+    /// The gateway's extension ([`crate::gateway::extension`]); the ledger tells it of every
+    /// attempt. `()` until the gateway installs its own.
+    pub extension: Arc<dyn crate::gateway::extension::Extension>,
     /// Attempts in flight per endpoint (a candidate's `inflight-requests`).
     pub inflight: Arc<inflight::InFlight>,
 }
@@ -39,11 +36,10 @@ impl RoutingContext {
             health: Arc::new(health::HealthRegistry::new(config.health)),
             prefill: Arc::new(prefill::PrefillTracker::new(config.routing.prefill)),
             affinity: Arc::new(affinity::AffinityTable::new(config.routing.affinity)),
-            quota: Arc::new(quota::QuotaBoard::new()),
             keys: Arc::new(crate::routing::key_pools::KeyPools::new(
                 config.routing.key_pools,
             )),
-            routewise: Arc::new(routewise::RouteWiseHost::new()),
+            extension: Arc::new(()),
             inflight: Arc::new(inflight::InFlight::new()),
         }
     }

@@ -67,7 +67,15 @@ impl ModelTable {
                 &HashSet::new(),
                 config.routing.local_fraction,
             );
-            match new_router(&model, upstream_table(&model.upstreams), &at, engine, catalog).await {
+            match new_router(
+                &model,
+                upstream_table(&model.upstreams),
+                &at,
+                engine,
+                catalog,
+            )
+            .await
+            {
                 Ok(router) => table.insert(model, Arc::new(router)),
                 Err(mut p) => problems.append(&mut p),
             }

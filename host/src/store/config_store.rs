@@ -2,8 +2,9 @@
 //! ([`super::sqlite::SqliteConfigStore`]) and PostgreSQL ([`super::postgres::PgConfigStore`]).
 //! Each entity group has its own part, in its own file: [`InboundRouteStore`] (routes and plugin
 //! configs), [`ConsumerStore`] (consumers and their keys), [`UpstreamStore`] (providers, upstreams,
-//! upstream keys and models, key reservations) and [`RouteWiseSettingsStore`]; [`ConfigStore`] is
-//! all of them plus the version, the change feed and the snapshot.
+//! upstream keys and models, key reservations) and [`RouteWiseSettingsStore`] (kept in the RouteWise
+//! room, [`crate::routewise::store`]); [`ConfigStore`] is all of them plus the version, the change
+//! feed and the snapshot.
 //!
 //! Every write runs in one transaction that first bumps the `config_version` row: that serialises
 //! configuration writes (so checks such as "is this path prefix taken?" cannot race), and gives the
@@ -23,9 +24,9 @@ use tokio::sync::watch;
 use super::StoreError;
 use super::consumers::ConsumerStore;
 use super::inbound_routes::InboundRouteStore;
-use super::routewise_settings::RouteWiseSettingsStore;
 use super::snapshot::Snapshot;
 use super::upstreams::UpstreamStore;
+use crate::routewise::store::RouteWiseSettingsStore;
 
 /// Configuration storage. Ids in paths that do not exist are [`StoreError::NotFound`]; bad input is
 /// [`StoreError::Invalid`] naming the field; uniqueness clashes are [`StoreError::Conflict`].
@@ -223,7 +224,7 @@ macro_rules! impl_config_store {
         $crate::store::inbound_routes::impl_inbound_route_store!($store, $db);
         $crate::store::consumers::impl_consumer_store!($store, $db);
         $crate::store::upstreams::impl_upstream_store!($store, $db);
-        $crate::store::routewise_settings::impl_routewise_settings_store!($store, $db);
+        $crate::routewise::store::impl_routewise_settings_store!($store, $db);
 
         #[async_trait::async_trait]
         impl $crate::store::config_store::ConfigStore for $store {

@@ -4,9 +4,10 @@
 //! - [`ConfigStore`]: the configuration entities ([`crate::entity`]), one trait with a SQLite and a
 //!   PostgreSQL implementation, and a change feed ([`ConfigStore::watch`]). Its parts are one file
 //!   per entity group: `inbound_routes.rs` (routes, plugin configs), `consumers.rs` (consumers and
-//!   their keys), `upstreams.rs` (providers, upstreams, their keys and models, key reservations),
-//!   `routewise_settings.rs`; each declares its tables once with `table!` (`table.rs` says how to
-//!   add a column).
+//!   their keys), `upstreams.rs` (providers, upstreams, their keys and models, key reservations);
+//!   each declares its tables once with `table!` (`table.rs` says how to add a column). The
+//!   RouteWise settings' part lives in its room ([`crate::routewise::store`]); `config_store.rs`
+//!   requires and expands it like the others.
 //! - [`Snapshot`] / [`SnapshotCache`]: the whole configuration in memory for the request path,
 //!   reloaded on every change by [`Store::spawn_sync`].
 
@@ -16,7 +17,6 @@ mod consumers;
 mod feed;
 mod inbound_routes;
 pub mod postgres;
-pub mod routewise_settings;
 pub mod snapshot;
 pub mod sqlite;
 mod table;

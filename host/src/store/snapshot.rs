@@ -32,8 +32,8 @@ pub struct SnapshotRows {
     pub upstream_keys: Vec<UpstreamKey>,
     pub upstream_models: Vec<UpstreamModel>,
     pub key_reservations: Vec<KeyReservation>,
-    /// RouteWise settings, both layers ([`super::routewise_settings`]).
-    pub routewise_settings: Vec<super::routewise_settings::RouteWiseSetting>,
+    /// RouteWise settings, both layers ([`crate::routewise::store`]).
+    pub routewise_settings: Vec<crate::routewise::store::RouteWiseSetting>,
 }
 
 /// The configuration at one version, with indexes for lookups in O(1).

@@ -1,6 +1,6 @@
 //! What goes on the wire for one attempt: the URL, the credential and the body.
 
-use crate::config::{ProviderKind, ModelUpstream};
+use crate::config::{ModelUpstream, ProviderKind};
 use crate::protocol::Dialect;
 use crate::protocol::inbound::Inbound;
 

@@ -1,6 +1,7 @@
 //! The ledger: what each attempt's outcome means for routing's state. Endpoint health and the
-//! breaker, key quieting and key affinity, session affinity, prefill load, the local quota
-//! counter and the strategy's observation are all booked here, and nowhere else.
+//! breaker, key quieting and key affinity, session affinity, prefill load, the gateway extension's
+//! attempt hook (RouteWise's local quota counter) and the strategy's observation are all booked
+//! here, and nowhere else.
 
 use std::sync::Arc;
 use std::task::Context;
@@ -40,7 +41,7 @@ impl RequestLedger<'_> {
     pub fn open(&self, position: usize, upstream: &ModelUpstream, ticket: Ticket) -> AttemptLedger {
         let ctx = self.ctx;
         let in_flight = ctx.inflight.enter(&upstream.endpoint_id);
-        ctx.quota.count_request(&upstream.endpoint_id); // local quota counter (routing::quota)
+        ctx.extension.on_attempt(&upstream.endpoint_id); // RouteWise's local quota counter
         let lease = self.chat.then(|| {
             // Released at the first token, or wherever the attempt ends (drop).
             let uncached = ctx.prefill.uncached_estimate(

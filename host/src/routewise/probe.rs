@@ -22,7 +22,7 @@ use serde_json::Value;
 use crate::config::{ModelConfig, ModelUpstream};
 use crate::protocol::inbound::Inbound;
 use crate::protocol::ir;
-use crate::routing::quota::QuotaBoard;
+use crate::routewise::quota::QuotaBoard;
 use crate::routing::table::ModelTable;
 use crate::strategy::{ModelRouter, Observation};
 use crate::upstream::{

@@ -1,5 +1,5 @@
 //! `/admin/routewise/*`: RouteWise `router_params` changed at run time, stored in the database and
-//! applied by every process without a restart (see `routing::routewise`).
+//! applied by every process without a restart (see `routewise`).
 //!
 //! - `GET|PATCH /admin/routewise/settings`: the global fallback layer, used by every RouteWise
 //!   model for keys that neither a model override nor its config sets. PATCH is a JSON merge
@@ -13,26 +13,60 @@
 //! so a combination it would refuse (percentiles out of order, a removed key) is refused here
 //! rather than found later. Writes answer once this process serves them (at most a few seconds);
 //! other processes follow through the configuration feed.
+//!
+//! [`router`] and [`ApiDoc`] are merged into the admin room's management API in one place
+//! (`admin::management_router`, `admin::api_doc`), so auth and errors are the admin room's.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::Json;
 use axum::extract::{Path, Query, State};
+use axum::routing::{get, patch};
+use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
-use utoipa::{IntoParams, ToSchema};
+use utoipa::{IntoParams, OpenApi, ToSchema};
 
-use super::auth::AdminCaller;
-use super::error::{ApiError, Body};
-use super::store;
+use crate::admin::auth::AdminCaller;
+use crate::admin::error::{ApiError, Body};
+use crate::admin::store;
 use crate::gateway::Gateway;
-use crate::routing::routewise::settings::{self, Explained};
-use crate::routing::routewise::{self as rw, STRATEGY};
+use crate::routewise::settings::{self, Explained};
+use crate::routewise::store::RouteWiseSetting;
+use crate::routewise::{self as rw, RouteWiseHost, STRATEGY};
 use crate::store::StoreError;
-use crate::store::routewise_settings::RouteWiseSetting;
 use crate::strategy::LoadedStrategy;
+
+/// The `/admin/routewise/*` routes.
+pub fn router() -> Router<Arc<Gateway>> {
+    Router::new()
+        .route(
+            "/admin/routewise/settings",
+            get(get_settings).patch(patch_settings),
+        )
+        .route("/admin/routewise/model-settings", get(get_model_settings))
+        .route(
+            "/admin/routewise/model-settings/{key}",
+            patch(patch_model_setting).delete(delete_model_setting),
+        )
+}
+
+/// The OpenAPI document of [`router`]'s operations, merged into the management API's.
+#[derive(OpenApi)]
+#[openapi(
+    paths(
+        get_settings,
+        patch_settings,
+        get_model_settings,
+        patch_model_setting,
+        delete_model_setting,
+    ),
+    tags(
+        (name = "routewise", description = "RouteWise router_params changed at run time: a global fallback layer and per-model overrides"),
+    )
+)]
+pub struct ApiDoc;
 
 /// How long a write waits for this process to serve it before answering anyway.
 const APPLY_WAIT: Duration = Duration::from_secs(3);
@@ -133,10 +167,8 @@ fn routewise_model(g: &Gateway, query: &ModelQuery) -> Result<(String, Value), A
             ),
         ));
     }
-    let config = g
-        .routing
-        .routewise
-        .model(entry.id())
+    let config = RouteWiseHost::of(g)
+        .and_then(|rw| rw.model(entry.id()))
         .map(|p| p.config)
         .unwrap_or_else(|| entry.config.router_params.clone());
     Ok((entry.id().to_owned(), config))
@@ -224,7 +256,9 @@ fn model_view(
         serving: Serving {
             applied: served == router_params,
             router_params: served,
-            problem: g.routing.routewise.model(&id).and_then(|p| p.problem),
+            problem: RouteWiseHost::of(g)
+                .and_then(|rw| rw.model(&id))
+                .and_then(|p| p.problem),
         },
         overrides,
         router_params,
@@ -388,10 +422,8 @@ pub async fn patch_settings(
     let first_key = patch.keys().next().cloned().unwrap_or_default();
     for entry in g.table().models().filter(|m| m.config.router == STRATEGY) {
         let id = entry.id();
-        let config = g
-            .routing
-            .routewise
-            .model(id)
+        let config = RouteWiseHost::of(&g)
+            .and_then(|rw| rw.model(id))
             .map(|p| p.config)
             .unwrap_or_else(|| entry.config.router_params.clone());
         let overrides = layers.model(id);

@@ -1,4 +1,8 @@
-//! The host's side of RouteWise: what the component cannot do from inside its sandbox.
+//! The host's side of RouteWise: what the component cannot do from inside its sandbox. One room,
+//! plugged into the gateway through one hook: [`RouteWiseHost`] implements
+//! [`crate::gateway::extension::Extension`] (`extension.rs`), and nothing outside this folder uses
+//! its parts except the binary's startup guards ([`quota::replica_guard`], [`quota::cold_start`],
+//! [`quota::QuotaPlan::diagnostics`]), which run before a gateway exists.
 //!
 //! - [`settings`]: run-time `router_params` from the admin API (a global fallback layer and
 //!   per-model overrides, stored in the database), layered onto each RouteWise model's params
@@ -9,10 +13,18 @@
 //!   model, so it starts with latency profiles, an output predictor and a cost envelope.
 //! - [`probe`]: with `routewise_probe_enabled`, a one-token request now and then to an endpoint
 //!   real traffic has left idle, reported as an observation.
+//! - [`quota`]: quota sources, filling quota routes' `quota_snapshot`, and the local counter.
+//! - [`store`]: the settings tables (`routewise_settings`, `routewise_model_settings`), a part of
+//!   every [`crate::store::ConfigStore`].
+//! - [`admin`]: `/admin/routewise/*`, merged into the admin room's management API.
 
+pub mod admin;
 pub mod bootstrap;
+mod extension;
 pub mod probe;
+pub mod quota;
 pub mod settings;
+pub mod store;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Weak};
@@ -53,6 +65,8 @@ pub struct RouteWiseHost {
     bootstraps: Mutex<BTreeMap<String, BootstrapReport>>,
     /// The prober's state per model ([`probe::spawn`]).
     pub probes: Arc<probe::ProbeBoard>,
+    /// Quota snapshots and the local request counter ([`quota`]).
+    pub quota: Arc<quota::QuotaBoard>,
 }
 
 /// A router param as the router got it: `params[key]`, else the `default` the strategy's schema
@@ -80,6 +94,11 @@ pub fn strategy(catalog: &StrategyCatalog) -> Option<Arc<LoadedStrategy>> {
 impl RouteWiseHost {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The room as the gateway holds it, if its extension is this one.
+    pub fn of(gateway: &crate::gateway::Gateway) -> Option<&RouteWiseHost> {
+        gateway.routing.extension.as_any().downcast_ref()
     }
 
     /// Layers the snapshot's settings onto every RouteWise model of `models` (see [`settings`]).

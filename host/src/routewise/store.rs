@@ -4,7 +4,7 @@
 //!
 //! The store only keeps rows; what a value may be is the strategy's business (the admin API
 //! validates against its params schema before writing, and the gateway again before applying, see
-//! `routing::routewise`). Writes go through the same versioned write transaction as every other
+//! `routewise`). Writes go through the same versioned write transaction as every other
 //! configuration write, so every process sharing the database reloads them, and the rows are part
 //! of the [`Snapshot`].
 
@@ -14,8 +14,8 @@ use async_trait::async_trait;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::StoreError;
-use super::snapshot::Snapshot;
+use crate::store::Snapshot;
+use crate::store::StoreError;
 
 /// One stored value: of the global layer when `model_id` is `None`, else an override of that
 /// (canonical) model.
@@ -105,7 +105,7 @@ macro_rules! impl_routewise_settings_store {
                 &self,
                 conn: &mut Conn,
             ) -> Result<
-                Vec<$crate::store::routewise_settings::RouteWiseSetting>,
+                Vec<$crate::routewise::store::RouteWiseSetting>,
                 $crate::store::StoreError,
             > {
                 let err = |e: sqlx::Error| self.db_error(e);
@@ -124,10 +124,10 @@ macro_rules! impl_routewise_settings_store {
                     .map_err(err)?;
                 let mut rows = Vec::with_capacity(global.len() + models.len());
                 for (key, value, at) in global {
-                    rows.push($crate::store::routewise_settings::decode(None, key, &value, at)?);
+                    rows.push($crate::routewise::store::decode(None, key, &value, at)?);
                 }
                 for (model, key, value, at) in models {
-                    rows.push($crate::store::routewise_settings::decode(
+                    rows.push($crate::routewise::store::decode(
                         Some(model),
                         key,
                         &value,
@@ -139,11 +139,11 @@ macro_rules! impl_routewise_settings_store {
         }
 
         #[async_trait::async_trait]
-        impl $crate::store::routewise_settings::RouteWiseSettingsStore for $store {
+        impl $crate::routewise::store::RouteWiseSettingsStore for $store {
             async fn list_routewise_settings(
                 &self,
             ) -> Result<
-                Vec<$crate::store::routewise_settings::RouteWiseSetting>,
+                Vec<$crate::routewise::store::RouteWiseSetting>,
                 $crate::store::StoreError,
             > {
                 let mut conn = self.pool.acquire().await.map_err(|e| self.db_error(e))?;
@@ -153,7 +153,7 @@ macro_rules! impl_routewise_settings_store {
             async fn write_routewise_settings(
                 &self,
                 model_id: Option<&str>,
-                changes: $crate::store::routewise_settings::SettingChanges,
+                changes: $crate::routewise::store::SettingChanges,
             ) -> Result<bool, $crate::store::StoreError> {
                 let (mut tx, version) = self.begin_write().await?;
                 let err = |e: sqlx::Error| self.db_error(e);
