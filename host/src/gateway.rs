@@ -96,6 +96,8 @@ pub struct Gateway {
     pub routing_engine: StrategyEngine,
     pub catalog: StrategyCatalog,
     pub routing: RoutingContext,
+    /// The gateway's one extension: RouteWise's host support (`crate::routewise`).
+    pub extension: Arc<dyn extension::Extension>,
     /// Runtime weight overrides and disables from the admin API.
     overrides: Mutex<Overrides>,
     /// Origins of local deployments whose `/health` check is failing.
@@ -124,18 +126,20 @@ impl Gateway {
         let api_log = store.clone().map(ApiLog::start);
         let snapshot = Arc::new(Snapshot::empty());
         let inbound_routes = RouteSet::build(&config, &snapshot);
+        let extension: Arc<dyn extension::Extension> =
+            Arc::new(crate::routewise::RouteWiseHost::new());
         Ok(Gateway {
             inbound_routes: RwLock::new(Arc::new(inbound_routes)),
             snapshot: RwLock::new(snapshot),
             rebuild_problems: Mutex::new(Vec::new()),
             routing: {
                 let mut ctx = RoutingContext::new(&config);
-                // The gateway's one extension: RouteWise's host support.
-                ctx.extension = Arc::new(crate::routewise::RouteWiseHost::new());
+                ctx.attempts = extension.clone();
                 ctx.keys
                     .update_declarations(routing.table.models().flat_map(|m| m.upstreams().iter()));
                 ctx
             },
+            extension,
             overrides: Mutex::new(Overrides::default()),
             unhealthy_origins: Mutex::new(HashSet::new()),
             rebuild: tokio::sync::Mutex::new(()),
@@ -171,8 +175,7 @@ impl Gateway {
         let _serial = self.rebuild.lock().await;
         let mut models = crate::routing::db_models::merged_models(&self.config, &snapshot);
         // Extensions may change the models first (RouteWise layers its run-time settings).
-        self.routing
-            .extension
+        self.extension
             .on_snapshot(
                 &mut models,
                 &snapshot,
@@ -191,11 +194,7 @@ impl Gateway {
                 &self.routing_engine,
                 &self.catalog,
                 |m| crate::routing::policy::apply(m, &overrides, &unhealthy, local_fraction),
-                |routes| {
-                    crate::strategy::upstream_table(
-                        &self.routing.extension.upstream_metadata(routes),
-                    )
-                },
+                |routes| crate::strategy::upstream_table(&self.extension.upstream_metadata(routes)),
             )
             .await;
         {
@@ -216,8 +215,7 @@ impl Gateway {
         }
         *self.table.write() = Arc::new(table);
         // New RouteWise routers start from the request log when their params ask for it.
-        self.routing
-            .extension
+        self.extension
             .on_table(&self.table(), self.store.as_ref())
             .await;
         *self.inbound_routes.write() = Arc::new(RouteSet::build(&self.config, &snapshot));
@@ -304,7 +302,7 @@ impl Gateway {
             };
             if weights(before) != weights(after) {
                 let routes = crate::strategy::upstream_table(
-                    &self.routing.extension.upstream_metadata(after.upstreams()), // quota snapshots survive
+                    &self.extension.upstream_metadata(after.upstreams()), // quota snapshots survive
                 );
                 if let Err(e) = after.router.refresh_upstreams(routes).await {
                     tracing::warn!(model = %after.id(), "pushing the new upstream table failed: {e}");
@@ -383,7 +381,7 @@ impl Gateway {
 
     /// Starts the extension's background tasks (RouteWise: the quota refresh and the prober).
     pub fn spawn_extension_tasks(self: &Arc<Self>) {
-        self.routing.extension.spawn_tasks(self);
+        self.extension.spawn_tasks(self);
     }
 
     /// Calls every router's `tick` at the configured interval, for strategies with time-based state.

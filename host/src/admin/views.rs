@@ -156,7 +156,7 @@ pub async fn health_deep(State(gateway): State<Arc<Gateway>>) -> Json<serde_json
         "api_logs": api_log,
     });
     // The extension's sections (RouteWise: `quota`, `routewise`).
-    for (key, section) in gateway.routing.extension.health() {
+    for (key, section) in gateway.extension.health() {
         deep[key] = section;
     }
     Json(deep)

@@ -14,14 +14,15 @@ use serde_json::Value;
 
 use super::Gateway;
 use crate::config::{ModelConfig, ModelUpstream};
+use crate::routing::AttemptObserver;
 use crate::routing::table::ModelTable;
 use crate::store::{Snapshot, Store};
 use crate::strategy::{StrategyCatalog, StrategyEngine};
 
-/// What the gateway lets an extension see and change. Held once, in
-/// [`crate::routing::RoutingContext::extension`], so the attempt ledger reaches it too.
+/// What the gateway lets an extension see and change. The gateway holds it; routing reaches it only
+/// as the [`AttemptObserver`] it also is (`RoutingContext::attempts`).
 #[async_trait]
-pub trait Extension: std::fmt::Debug + Send + Sync + 'static {
+pub trait Extension: AttemptObserver {
     /// A snapshot is being applied: may change the models' config (their params) before the table
     /// is rebuilt from them. `current` is the table served until then.
     async fn on_snapshot(
@@ -45,9 +46,6 @@ pub trait Extension: std::fmt::Debug + Send + Sync + 'static {
     /// Starts the extension's background tasks, once, after the first snapshot is applied. Tasks
     /// hold the gateway weakly and end when it is dropped.
     fn spawn_tasks(&self, _gateway: &Arc<Gateway>) {}
-
-    /// An attempt is being sent to the upstream `endpoint_id` (called by the attempt ledger).
-    fn on_attempt(&self, _endpoint_id: &str) {}
 
     /// The extension's sections of `GET /health/deep`, by key.
     fn health(&self) -> Vec<(&'static str, Value)> {

@@ -55,16 +55,18 @@ impl Extension for RouteWiseHost {
         );
     }
 
-    /// The local quota counter: +1 per attempt to a counted route's pool.
-    fn on_attempt(&self, endpoint_id: &str) {
-        self.quota.count_request(endpoint_id);
-    }
-
     fn health(&self) -> Vec<(&'static str, Value)> {
         vec![("quota", self.quota.report()), ("routewise", self.report())]
     }
 
     fn as_any(&self) -> &dyn Any {
         self
+    }
+}
+
+impl crate::routing::AttemptObserver for RouteWiseHost {
+    /// The local quota counter: +1 per attempt to a counted route's pool.
+    fn on_attempt(&self, endpoint_id: &str) {
+        self.quota.count_request(endpoint_id);
     }
 }

@@ -98,7 +98,7 @@ impl RouteWiseHost {
 
     /// The room as the gateway holds it, if its extension is this one.
     pub fn of(gateway: &crate::gateway::Gateway) -> Option<&RouteWiseHost> {
-        gateway.routing.extension.as_any().downcast_ref()
+        gateway.extension.as_any().downcast_ref()
     }
 
     /// Layers the snapshot's settings onto every RouteWise model of `models` (see [`settings`]).

@@ -23,12 +23,21 @@ pub struct RoutingContext {
     pub affinity: Arc<affinity::AffinityTable>,
     /// Upstream key reservations, quieting and key affinity.
     pub keys: Arc<crate::routing::key_pools::KeyPools>,
-    /// The gateway's extension ([`crate::gateway::extension`]); the ledger tells it of every
-    /// attempt. `()` until the gateway installs its own.
-    pub extension: Arc<dyn crate::gateway::extension::Extension>,
+    /// Told of every attempt the ledger opens; `()` until the gateway installs its extension.
+    pub attempts: Arc<dyn AttemptObserver>,
     /// Attempts in flight per endpoint (a candidate's `inflight-requests`).
     pub inflight: Arc<inflight::InFlight>,
 }
+
+/// What routing tells the stage above about each attempt it sends (RouteWise's local quota counter
+/// listens). Defined here, so routing names nothing above it; the gateway's extension implements it.
+pub trait AttemptObserver: std::fmt::Debug + Send + Sync + 'static {
+    /// An attempt is being sent to the upstream `endpoint_id`.
+    fn on_attempt(&self, _endpoint_id: &str) {}
+}
+
+/// Nobody listens.
+impl AttemptObserver for () {}
 
 impl RoutingContext {
     pub fn new(config: &crate::config::Config) -> Self {
@@ -39,7 +48,7 @@ impl RoutingContext {
             keys: Arc::new(crate::routing::key_pools::KeyPools::new(
                 config.routing.key_pools,
             )),
-            extension: Arc::new(()),
+            attempts: Arc::new(()),
             inflight: Arc::new(inflight::InFlight::new()),
         }
     }

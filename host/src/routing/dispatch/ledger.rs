@@ -41,7 +41,7 @@ impl RequestLedger<'_> {
     pub fn open(&self, position: usize, upstream: &ModelUpstream, ticket: Ticket) -> AttemptLedger {
         let ctx = self.ctx;
         let in_flight = ctx.inflight.enter(&upstream.endpoint_id);
-        ctx.extension.on_attempt(&upstream.endpoint_id); // RouteWise's local quota counter
+        ctx.attempts.on_attempt(&upstream.endpoint_id); // RouteWise's local quota counter
         let lease = self.chat.then(|| {
             // Released at the first token, or wherever the attempt ends (drop).
             let uncached = ctx.prefill.uncached_estimate(
