@@ -7,7 +7,8 @@
 //! the store keeps and the other modules use; [`config`] loads the YAML; [`admin`] is the
 //! operator's API; [`routewise`] is the host's side of the RouteWise strategy, plugged into the
 //! gateway through one hook ([`gateway::extension`]); [`mock`] is the simulated upstream used by
-//! demos, tests and benchmarks.
+//! demos, tests and benchmarks; [`telemetry`] (metrics, request ids, log format) sits below the
+//! pipeline and any stage may report to it.
 #![forbid(unsafe_code)]
 
 pub mod admin;
@@ -23,4 +24,5 @@ pub mod routing;
 pub mod server;
 pub mod store;
 pub mod strategy;
+pub mod telemetry;
 pub mod upstream;

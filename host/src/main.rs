@@ -10,7 +10,7 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 
-use switchyard::config::Config;
+use switchyard::config::{Config, LogFormat};
 use switchyard::gateway::{Gateway, Routing, builtin_strategies_dir};
 use switchyard::mock::{self, MockOptions};
 use switchyard::routewise::quota;
@@ -18,6 +18,7 @@ use switchyard::store::Store;
 use switchyard::strategy::{
     CatalogEntry, StrategyCatalog, StrategyEngine, StrategyLimits, catalog, contract, offline,
 };
+use switchyard::telemetry;
 
 /// glibc's allocator was ~16 % of the gateway's CPU under load (malloc, free and
 /// `malloc_consolidate` at the top of the profile): each request parses and builds JSON and HTTP
@@ -149,15 +150,16 @@ enum StrategiesCommand {
 }
 
 fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
     let cli = Cli::parse();
+    // `serve` logs as its config says (`logging:`); everything else logs text at `info`.
+    let served_config = match &cli.command {
+        Command::Serve { config, .. } => Some(load_config(&config.config)?),
+        _ => None,
+    };
+    match &served_config {
+        Some(config) => telemetry::logging::init(config.logging.format, &config.logging.level),
+        None => telemetry::logging::init(LogFormat::Text, "info"),
+    }
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     runtime.enable_all();
     if let Command::Serve {
@@ -169,7 +171,10 @@ fn main() -> anyhow::Result<()> {
     }
     let runtime = runtime.build().context("starting the async runtime")?;
     match cli.command {
-        Command::Serve { config, listen, .. } => runtime.block_on(serve(&config.config, listen)),
+        Command::Serve { listen, .. } => match served_config {
+            Some(config) => runtime.block_on(serve(config, listen)),
+            None => bail!("serve: no config"),
+        },
         Command::Check { config } => runtime.block_on(check(&config.config)),
         Command::Migrate { config } => runtime.block_on(async {
             let config = load_config(&config.config)?;
@@ -214,8 +219,13 @@ fn load_config(path: &Path) -> anyhow::Result<Config> {
     Ok(Config::load(path)?)
 }
 
-async fn serve(config_path: &Path, listen: Option<String>) -> anyhow::Result<()> {
-    let config = load_config(config_path)?;
+async fn serve(config: Config, listen: Option<String>) -> anyhow::Result<()> {
+    // `SWITCHYARD_METRICS=off` records nothing (`/metrics` answers 503): the baseline of the
+    // benchmark that measures what metrics cost (bench/metrics_cost.py).
+    if std::env::var("SWITCHYARD_METRICS").as_deref() != Ok("off") {
+        telemetry::metrics::install().context("installing the metrics recorder")?;
+        telemetry::metrics::spawn_upkeep();
+    }
     // Stateful providers (routewise::quota): one process only, no quota-only model uncalibrated.
     quota::replica_guard(&config.models, &|var| std::env::var(var).ok())?;
     let routing = Routing::build(&config).await?;
@@ -264,6 +274,9 @@ async fn serve(config_path: &Path, listen: Option<String>) -> anyhow::Result<()>
         writeln!(out, "switchyard listening on http://{addr}")?;
         out.flush()?;
     }
+    if let Some(metrics_listen) = gateway.config.server.metrics_listen.clone() {
+        serve_metrics(&metrics_listen, gateway.clone()).await?;
+    }
     let app = switchyard::server::router(gateway);
     // Without TCP_NODELAY, the second small write of an SSE stream waits for the client's delayed
     // ACK (~40 ms on Linux): streams crawled at ~700/s while the CPU idled (found by benchmark).
@@ -279,6 +292,23 @@ async fn serve(config_path: &Path, listen: Option<String>) -> anyhow::Result<()>
     .with_graceful_shutdown(shutdown_signal())
     .await
     .context("server")
+}
+
+/// The metrics-only listener (`server.metrics_listen`): `/metrics` without a token. Its address is
+/// logged, so a parent that asked for port 0 can learn it.
+async fn serve_metrics(listen: &str, gateway: Arc<Gateway>) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen} (server.metrics_listen)"))?;
+    let addr = listener.local_addr()?;
+    tracing::info!("serving /metrics without a token on http://{addr}/metrics");
+    let app = switchyard::server::metrics::listener_router(gateway);
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!("the metrics listener stopped: {e}");
+        }
+    });
+    Ok(())
 }
 
 /// Ctrl-C, or SIGTERM as sent by process supervisors and container runtimes: stop accepting and

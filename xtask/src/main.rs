@@ -94,6 +94,7 @@ fn run_cargo(args: &[&str], what: &str) -> Result<()> {
 fn ci() -> Result<()> {
     ensure_wasm_target()?;
     ensure_postgres()?;
+    ensure_prometheus()?;
     run_cargo(&["fmt", "--all", "--check"], "format check")?;
     run_cargo(
         &[
@@ -151,6 +152,40 @@ fn ensure_postgres() -> Result<()> {
     bail!(
         "PostgreSQL is not running on 127.0.0.1:5432 and could not be started (clusters found: {versions:?}); the storage tests need it"
     )
+}
+
+/// The metrics test scrapes the gateway with the real Prometheus (Debian's `prometheus` package);
+/// install it when missing. The test installs it too, and fails when it cannot.
+fn ensure_prometheus() -> Result<()> {
+    let installed = || {
+        Command::new("prometheus")
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if installed() {
+        return Ok(());
+    }
+    eprintln!("==> installing Prometheus (apt-get install -y prometheus) for the metrics test");
+    let apt = |args: &[&str]| {
+        Command::new("apt-get")
+            .args(args)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !apt(&["install", "-y", "-qq", "prometheus"]) {
+        apt(&["update", "-qq"]);
+        apt(&["install", "-y", "-qq", "prometheus"]);
+    }
+    if !installed() {
+        bail!(
+            "`apt-get install -y prometheus` did not install Prometheus; the metrics test needs it"
+        );
+    }
+    Ok(())
 }
 
 /// Kills the wrapped child when dropped, so the demo's mock upstreams never outlive it.

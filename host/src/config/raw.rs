@@ -21,6 +21,8 @@ pub struct RawConfig {
     pub upstream: RawUpstreamClient,
     #[serde(default)]
     pub health: RawHealth,
+    #[serde(default)]
+    pub logging: RawLogging,
     /// Inbound routes (path prefixes and their authentication), beside those in the database.
     #[serde(default)]
     pub routes: Vec<crate::entity::NewRoute>,
@@ -46,6 +48,42 @@ pub struct RawServer {
     pub default_max_attempts: Option<i64>,
     /// Largest request body accepted, in MiB (default 32: room for base64 images).
     pub max_body_mib: Option<u64>,
+    /// A second listener that serves only `GET /metrics`, without the admin token (for a
+    /// scraper on a private network); `SWITCHYARD_METRICS_LISTEN` wins when set.
+    pub metrics_listen: Option<String>,
+}
+
+/// `logging:`: how the process logs.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLogging {
+    /// `text` (default) or `json` (one object per line); `SWITCHYARD_LOG_FORMAT` wins when set.
+    pub format: Option<LogFormat>,
+    /// An `EnvFilter` directive such as `info` or `info,switchyard=debug` (default `info`);
+    /// `RUST_LOG` wins when set.
+    pub level: Option<String>,
+}
+
+/// The log line format.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line, with the request span's fields.
+    Json,
+}
+
+impl std::str::FromStr for LogFormat {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Self, ()> {
+        match s.trim() {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            _ => Err(()),
+        }
+    }
 }
 
 /// How the implicit route authenticates callers.
@@ -79,6 +117,7 @@ impl Default for RawServer {
             default_auth: None,
             default_max_attempts: None,
             max_body_mib: None,
+            metrics_listen: None,
         }
     }
 }

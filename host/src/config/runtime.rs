@@ -16,6 +16,7 @@ pub struct Config {
     pub routing: RoutingConfig,
     pub upstream: UpstreamClientConfig,
     pub health: crate::routing::health::HealthConfig,
+    pub logging: LoggingConfig,
     pub models: Vec<ModelConfig>,
     /// Inbound routes declared in the file, validated like the database's (ids `yaml:NAME`).
     pub routes: Vec<crate::entity::Route>,
@@ -31,6 +32,16 @@ pub struct ServerConfig {
     /// `max_attempts` of the implicit route.
     pub default_max_attempts: usize,
     pub max_body_bytes: usize,
+    /// The metrics-only listener's address (`server.metrics_listen`).
+    pub metrics_listen: Option<String>,
+}
+
+/// `logging:`, validated.
+#[derive(Debug, Clone)]
+pub struct LoggingConfig {
+    pub format: super::LogFormat,
+    /// An `EnvFilter` directive.
+    pub level: String,
 }
 
 /// The strategy of models that exist only in the database.

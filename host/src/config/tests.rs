@@ -110,3 +110,42 @@ fn every_example_config_parses() {
     }
     assert!(seen >= 1, "no example configs found");
 }
+
+#[test]
+fn logging_and_the_metrics_listener_are_read_from_the_file_and_the_environment() {
+    let config = load("server:\n  metrics_listen: 127.0.0.1:9464\nlogging:\n  format: json\n  level: warn,switchyard=debug\n").unwrap();
+    assert_eq!(config.logging.format, LogFormat::Json);
+    assert_eq!(config.logging.level, "warn,switchyard=debug");
+    assert_eq!(
+        config.server.metrics_listen.as_deref(),
+        Some("127.0.0.1:9464")
+    );
+    let defaults = load("").unwrap();
+    assert_eq!(defaults.logging.format, LogFormat::Text);
+    assert_eq!(defaults.logging.level, "info");
+    assert_eq!(defaults.server.metrics_listen, None);
+    let env = |var: &str| match var {
+        "SWITCHYARD_LOG_FORMAT" => Some("json".to_owned()),
+        "SWITCHYARD_METRICS_LISTEN" => Some("0.0.0.0:9464".to_owned()),
+        _ => None,
+    };
+    let from_env = Config::from_yaml(Path::new("test.yaml"), "", &env).unwrap();
+    assert_eq!(from_env.logging.format, LogFormat::Json);
+    assert_eq!(
+        from_env.server.metrics_listen.as_deref(),
+        Some("0.0.0.0:9464")
+    );
+
+    let err = load("logging:\n  format: xml\n").unwrap_err().to_string();
+    assert!(
+        err.contains("logging.format: unknown variant `xml`"),
+        "{err}"
+    );
+    let err = load("logging:\n  level: switchyard=loud\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("test.yaml: logging.level: `switchyard=loud`"),
+        "{err}"
+    );
+}

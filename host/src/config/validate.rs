@@ -8,8 +8,8 @@ use std::time::Duration;
 use super::knobs::{affinity_and_prefill, health_config, key_pool_config, pick};
 use super::{
     Config, ConfigError, DEFAULT_GROUP, DatabaseModelsConfig, DefaultAuth, HealthCheckConfig,
-    ModelConfig, ModelUpstream, PoolKey, RoutingConfig, ServerConfig, StrategiesConfig,
-    UpstreamClientConfig, endpoint_id, raw,
+    LogFormat, LoggingConfig, ModelConfig, ModelUpstream, PoolKey, RoutingConfig, ServerConfig,
+    StrategiesConfig, UpstreamClientConfig, endpoint_id, raw,
 };
 
 pub(super) fn parse(path: &Path, text: &str) -> Result<raw::RawConfig, ConfigError> {
@@ -321,6 +321,27 @@ pub(super) fn validate(
             router_params,
         }
     };
+    let logging = LoggingConfig {
+        format: pick(
+            path,
+            env,
+            "SWITCHYARD_LOG_FORMAT",
+            raw.logging.format,
+            LogFormat::Text,
+        )?,
+        level: match raw.logging.level.as_deref().map(str::trim) {
+            None | Some("") => "info".to_owned(),
+            Some(level) => {
+                tracing_subscriber::EnvFilter::try_new(level)
+                    .map_err(|e| invalid("logging.level".into(), format!("`{level}`: {e}")))?;
+                level.to_owned()
+            }
+        },
+    };
+    let metrics_listen = env("SWITCHYARD_METRICS_LISTEN")
+        .or(raw.server.metrics_listen)
+        .map(|a| a.trim().to_owned())
+        .filter(|a| !a.is_empty());
     let admin_token = env("SWITCHYARD_ADMIN_TOKEN")
         .or(raw.server.admin_token)
         .filter(|t| !t.trim().is_empty());
@@ -335,7 +356,9 @@ pub(super) fn validate(
             default_auth,
             default_max_attempts: default_max_attempts as usize,
             max_body_bytes: (raw.server.max_body_mib.unwrap_or(32).max(1) as usize) << 20,
+            metrics_listen,
         },
+        logging,
         database_url: raw.database.url,
         strategies: StrategiesConfig {
             dir: s.dir,

@@ -47,6 +47,10 @@ pub trait Extension: AttemptObserver {
     /// hold the gateway weakly and end when it is dropped.
     fn spawn_tasks(&self, _gateway: &Arc<Gateway>) {}
 
+    /// A scrape of `/metrics` is about to render: set the extension's gauges
+    /// (`crate::telemetry::metrics::state`) from its live state.
+    fn refresh_metrics(&self) {}
+
     /// The extension's sections of `GET /health/deep`, by key.
     fn health(&self) -> Vec<(&'static str, Value)> {
         Vec::new()

@@ -99,6 +99,10 @@ pub struct Stats {
     /// Which header `last_authorization` came from: `authorization` or `x-api-key`.
     pub last_auth_header: Option<String>,
     pub last_anthropic_version: Option<String>,
+    /// The `x-request-id` header of the last request.
+    pub last_request_id: Option<String>,
+    /// Every `x-request-id` received, oldest first (the last 100).
+    pub request_ids: Vec<String>,
     pub last_path: Option<String>,
     /// Requests per path, including ones answered 404 because of `--protocol`.
     pub paths: BTreeMap<String, u64>,
@@ -270,6 +274,13 @@ fn admit(
     stats.last_authorization = auth;
     stats.last_auth_header = auth_header.map(str::to_owned);
     stats.last_anthropic_version = header("anthropic-version");
+    stats.last_request_id = header("x-request-id");
+    if let Some(id) = stats.last_request_id.clone() {
+        if stats.request_ids.len() >= 100 {
+            stats.request_ids.remove(0);
+        }
+        stats.request_ids.push(id);
+    }
     let mut behaviour = state.behaviour.lock();
     if let Some(&status) = behaviour.fail_credentials.get(&credential) {
         stats.failed_on_command += 1;

@@ -55,6 +55,13 @@ impl Extension for RouteWiseHost {
         );
     }
 
+    /// Each quota route's headroom, where its snapshot states a limit.
+    fn refresh_metrics(&self) {
+        for (model, endpoint, headroom) in self.quota.headroom() {
+            crate::telemetry::metrics::state::quota_headroom(&model, &endpoint, headroom as f64);
+        }
+    }
+
     fn health(&self) -> Vec<(&'static str, Value)> {
         vec![("quota", self.quota.report()), ("routewise", self.report())]
     }

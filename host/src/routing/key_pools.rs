@@ -134,6 +134,28 @@ impl KeyPools {
         }
     }
 
+    /// Every declared pool with how many of its keys are quiet at `now` (for metrics). Takes one
+    /// lock at a time.
+    pub fn quiet_by_pool(&self, now: Instant) -> Vec<(String, usize)> {
+        let pools: Vec<(String, Vec<String>)> = self
+            .declarations
+            .lock()
+            .iter()
+            .map(|(pool, keys)| (pool.clone(), keys.iter().map(|(f, _)| f.clone()).collect()))
+            .collect();
+        let quiet = self.quiet.lock();
+        pools
+            .into_iter()
+            .map(|(pool, keys)| {
+                let n = keys
+                    .iter()
+                    .filter(|f| quiet.get(*f).is_some_and(|q| q.until > now))
+                    .count();
+                (pool, n)
+            })
+            .collect()
+    }
+
     /// Takes a key out of rotation after `status`, for `retry_after` or the default period.
     pub fn quiet(&self, key: &PoolKey, status: u16, retry_after: Option<Duration>, now: Instant) {
         let period = retry_after.unwrap_or(if status == 429 {

@@ -114,6 +114,43 @@ impl GatewayError {
         }
     }
 
+    /// The error's type in the closed vocabulary of `switchyard_errors_total`, prefixed by whose
+    /// fault it is: `caller_` (the request), `gateway_` (nothing could be tried) or `upstream_`
+    /// (every attempt failed; named after the first attempt's failure, which sets the status).
+    pub fn error_type(&self) -> &'static str {
+        match self {
+            GatewayError::InvalidBody(_) => "caller_invalid_body",
+            GatewayError::ModelNotFound(_) | GatewayError::ModelNotInGroups { .. } => {
+                "caller_model_not_found"
+            }
+            GatewayError::Unauthorized(_) => "caller_unauthorized",
+            GatewayError::NotFound(_) => "caller_not_found",
+            GatewayError::RouteDisabled(_) => "caller_route_disabled",
+            GatewayError::MethodNotAllowed { .. } => "caller_method_not_allowed",
+            GatewayError::BodyTooLarge(_) => "caller_body_too_large",
+            GatewayError::NoRoute(SelectionError::PinNotFound { .. }) => "caller_pin_not_found",
+            GatewayError::NoRoute(SelectionError::MissingModality { .. }) => {
+                "caller_unsupported_modality"
+            }
+            GatewayError::NoRoute(_) => "gateway_no_available_upstream",
+            GatewayError::AllAttemptsFailed(e) => match e.primary() {
+                None => "gateway_all_circuits_open",
+                Some(a) if a.status == 429 => "upstream_rate_limited",
+                Some(a) if (400..500).contains(&a.status) && a.status != 408 => {
+                    "caller_rejected_by_upstream"
+                }
+                Some(a) => match a.error_type {
+                    "timeout" => "upstream_timeout",
+                    "transport" => "upstream_transport",
+                    "invalid_response" => "upstream_invalid_response",
+                    "empty_stream" => "upstream_empty_stream",
+                    "stream_failed" => "upstream_stream_failed",
+                    _ => "upstream_http_status",
+                },
+            },
+        }
+    }
+
     /// The error in OpenAI's JSON shape, with the attempts or exclusions that explain it.
     pub fn openai_body(&self) -> serde_json::Value {
         let mut error = serde_json::json!({
@@ -172,7 +209,16 @@ impl GatewayError {
         if status.is_server_error() {
             tracing::warn!(status = status.as_u16(), "request failed: {self}");
         }
-        let openai = self.openai_body();
+        crate::telemetry::metrics::request_error(
+            self.error_type(),
+            dialect.as_str(),
+            status.as_u16(),
+        );
+        let request_id = crate::telemetry::request_id::current();
+        let mut openai = self.openai_body();
+        if let Some(id) = &request_id {
+            openai["error"]["request_id"] = id.as_str().into();
+        }
         let body = match dialect {
             Dialect::AnthropicMessages => {
                 let message = openai["error"]["message"].as_str().unwrap_or_default();
@@ -181,7 +227,7 @@ impl GatewayError {
                     openai["error"].as_object(),
                     body.get_mut("error").and_then(|e| e.as_object_mut()),
                 ) {
-                    for key in ["attempts", "excluded", "endpoints"] {
+                    for key in ["attempts", "excluded", "endpoints", "request_id"] {
                         if let Some(v) = from.get(key) {
                             to.insert(key.into(), v.clone());
                         }
@@ -191,6 +237,13 @@ impl GatewayError {
             }
             Dialect::OpenAiChat | Dialect::OpenAiResponses => openai,
         };
+        // Anthropic's own errors carry the id at the top level too.
+        let mut body = body;
+        if let (Dialect::AnthropicMessages, Some(id), Some(object)) =
+            (dialect, &request_id, body.as_object_mut())
+        {
+            object.insert("request_id".into(), id.as_str().into());
+        }
         (status, axum::Json(body)).into_response()
     }
 }

@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::{ConnectInfo, State};
@@ -14,10 +14,11 @@ use crate::config::Capability;
 use crate::gateway::Gateway;
 use crate::protocol::inbound::Inbound;
 use crate::protocol::{self, Dialect};
-use crate::routing::dispatch::{self, Answer};
+use crate::routing::dispatch::{self, Answer, Attribution};
 use crate::routing::select::{self, RequestFacts};
 use crate::routing::table::ModelEntry;
 use crate::store::api_log::ApiLogRow;
+use crate::telemetry::metrics::{self, Operation};
 
 use super::auth::{self, Principal};
 use super::{GatewayError, attributed_row, caller, clamp_i32, log_request};
@@ -50,6 +51,7 @@ impl Admission {
         ApiLogRow {
             route: Some(self.route_name.clone()),
             consumer: self.principal.consumer_name.clone(),
+            request_id: crate::telemetry::request_id::current().map(|id| id.to_string()),
             ..ApiLogRow::default()
         }
     }
@@ -268,7 +270,17 @@ async fn serve_chat(
             completion_tokens,
         }) => {
             log_request(public, &attribution, started, strategy_error.as_deref());
-            let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
+            let elapsed = started.elapsed();
+            let latency_ms = elapsed.as_secs_f64() * 1000.0;
+            served_metrics(
+                &model,
+                Operation::Chat,
+                dialect,
+                &attribution,
+                elapsed,
+                Some(elapsed),
+                completion_tokens,
+            );
             gateway.record(ApiLogRow {
                 model: model.config.id.clone(),
                 status: 200,
@@ -287,14 +299,40 @@ async fn serve_chat(
             summary,
         }) => {
             log_request(public, &attribution, started, strategy_error.as_deref());
+            // The first event is in hand: that is the client's first token.
+            let first_event = started.elapsed();
+            metrics::gateway_overhead(
+                model.id(),
+                dialect.as_str(),
+                first_event.saturating_sub(attribution.upstream_time),
+            );
             let row = ApiLogRow {
                 model: model.config.id.clone(),
                 status: 200,
                 ..attributed_row(&attribution, admission.log_row())
             };
             let logger = gateway.clone();
+            let model = model.clone();
             tokio::spawn(async move {
                 let Ok(s) = summary.await else { return };
+                request_metrics(
+                    &model,
+                    Operation::Chat,
+                    dialect,
+                    &attribution,
+                    started.elapsed(),
+                    Some(first_event),
+                    s.completion_tokens,
+                );
+                if let Some(error) = &s.error {
+                    // The client already has a 200; the failure is in the stream.
+                    let error_type = if error == "client disconnected" {
+                        "caller_disconnected"
+                    } else {
+                        "upstream_stream_failed"
+                    };
+                    metrics::request_error(error_type, dialect.as_str(), 200);
+                }
                 logger.record(ApiLogRow {
                     ttft_ms: s.ttft_ms,
                     latency_ms: s.latency_ms,
@@ -320,10 +358,68 @@ async fn serve_chat(
         }
         Err(e) => {
             let err = GatewayError::from(e);
-            record_failure(gateway, admission, &model, &err, started);
+            record_failure(
+                gateway,
+                admission,
+                &model,
+                &err,
+                started,
+                dialect,
+                Operation::Chat,
+            );
             Err(err)
         }
     }
+}
+
+/// The request metrics of an answer that was served, and the gateway's overhead for an answer
+/// that is complete when dispatch returns.
+fn served_metrics(
+    model: &ModelEntry,
+    operation: Operation,
+    dialect: Dialect,
+    attribution: &Attribution,
+    elapsed: Duration,
+    time_to_first_token: Option<Duration>,
+    output_tokens: u32,
+) {
+    metrics::gateway_overhead(
+        model.id(),
+        dialect.as_str(),
+        elapsed.saturating_sub(attribution.upstream_time),
+    );
+    request_metrics(
+        model,
+        operation,
+        dialect,
+        attribution,
+        elapsed,
+        time_to_first_token,
+        output_tokens,
+    );
+}
+
+fn request_metrics(
+    model: &ModelEntry,
+    operation: Operation,
+    dialect: Dialect,
+    attribution: &Attribution,
+    duration: Duration,
+    time_to_first_token: Option<Duration>,
+    output_tokens: u32,
+) {
+    metrics::request_done(&metrics::RequestDone {
+        model: model.id(),
+        operation,
+        inbound_protocol: dialect.as_str(),
+        upstream_protocol: &attribution.provider,
+        endpoint: &attribution.endpoint_id,
+        status: 200,
+        duration,
+        time_to_first_token,
+        output_tokens,
+        attempts: attribution.failed_attempts.len() + 1,
+    });
 }
 
 fn record_failure(
@@ -332,6 +428,8 @@ fn record_failure(
     model: &ModelEntry,
     err: &GatewayError,
     started: Instant,
+    dialect: Dialect,
+    operation: Operation,
 ) {
     let status = err.status().as_u16();
     tracing::info!(
@@ -345,6 +443,18 @@ fn record_failure(
         GatewayError::AllAttemptsFailed(d) => d.attempts.len(),
         _ => 0,
     };
+    metrics::request_done(&metrics::RequestDone {
+        model: model.id(),
+        operation,
+        inbound_protocol: dialect.as_str(),
+        upstream_protocol: "none",
+        endpoint: "none",
+        status,
+        duration: started.elapsed(),
+        time_to_first_token: None,
+        output_tokens: 0,
+        attempts,
+    });
     gateway.record(ApiLogRow {
         model: model.config.id.clone(),
         endpoint_id: None,
@@ -379,17 +489,35 @@ async fn serve_embeddings(
     match dispatch::embeddings(gateway.upstreams(), &gateway.routing, &model, &raw, plan).await {
         Ok((body, attribution)) => {
             log_request(&model_name, &attribution, started, None);
+            let elapsed = started.elapsed();
+            served_metrics(
+                &model,
+                Operation::Embeddings,
+                Dialect::OpenAiChat,
+                &attribution,
+                elapsed,
+                None,
+                0,
+            );
             gateway.record(ApiLogRow {
                 model: model.config.id.clone(),
                 status: 200,
-                latency_ms: started.elapsed().as_secs_f64() * 1000.0,
+                latency_ms: elapsed.as_secs_f64() * 1000.0,
                 ..attributed_row(&attribution, admission.log_row())
             });
             Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
         }
         Err(e) => {
             let err = GatewayError::from(e);
-            record_failure(gateway, admission, &model, &err, started);
+            record_failure(
+                gateway,
+                admission,
+                &model,
+                &err,
+                started,
+                Dialect::OpenAiChat,
+                Operation::Embeddings,
+            );
             Err(err)
         }
     }

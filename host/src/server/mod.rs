@@ -4,6 +4,7 @@ pub mod auth;
 pub mod caller;
 pub mod error;
 mod inference;
+pub mod metrics;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -23,10 +24,15 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
     // Inference paths are matched by the inbound routes (longest path prefix), so they are the
     // fallback: fixed paths (health, and the admin room's `/admin/*`, `/routing`, `/health/deep`)
     // come first.
+    // Every answer, whatever route gave it, carries the request's id (telemetry::request_id).
     Router::new()
         .route("/health", get(health))
+        .route("/metrics", get(metrics::scrape_as_admin))
         .merge(crate::admin::router())
         .fallback(inference::handle)
+        .layer(axum::middleware::from_fn(
+            crate::telemetry::request_id::middleware,
+        ))
         .with_state(gateway)
 }
 

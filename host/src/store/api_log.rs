@@ -35,6 +35,8 @@ pub struct ApiLogRow {
     pub prompt_tokens: Option<i32>,
     pub completion_tokens: Option<i32>,
     pub error: Option<String>,
+    /// The request's id (`x-request-id`), as returned to the client and sent upstream.
+    pub request_id: Option<String>,
 }
 
 /// The sending side, cheap to clone into request handlers.
@@ -43,19 +45,31 @@ pub struct ApiLog {
     tx: mpsc::Sender<ApiLogRow>,
     pub dropped: Arc<AtomicU64>,
     pub write_errors: Arc<AtomicU64>,
+    /// Rows written since start.
+    pub written: Arc<AtomicU64>,
 }
 
 impl ApiLog {
     /// Starts the writer task for `store`.
     pub fn start(store: Store) -> ApiLog {
         let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
-        let write_errors = Arc::new(AtomicU64::new(0));
-        tokio::spawn(writer(store, rx, write_errors.clone()));
+        let counts = Counts::default();
+        tokio::spawn(writer(store, rx, counts.clone()));
         ApiLog {
             tx,
             dropped: Arc::new(AtomicU64::new(0)),
-            write_errors,
+            write_errors: counts.failed,
+            written: counts.written,
         }
+    }
+
+    /// Rows (written, dropped because the queue was full, failed to write) since start.
+    pub fn totals(&self) -> (u64, u64, u64) {
+        (
+            self.written.load(Ordering::Relaxed),
+            self.dropped.load(Ordering::Relaxed),
+            self.write_errors.load(Ordering::Relaxed),
+        )
     }
 
     /// Queues a row without waiting.
@@ -66,9 +80,16 @@ impl ApiLog {
     }
 }
 
+/// The writer's running totals.
+#[derive(Clone, Default)]
+struct Counts {
+    written: Arc<AtomicU64>,
+    failed: Arc<AtomicU64>,
+}
+
 /// Wakes on a timer and drains whatever queued since, rather than on every row: waking per row
 /// cost a context switch per request and wrote tiny batches (found by profiling under load).
-async fn writer(store: Store, mut rx: mpsc::Receiver<ApiLogRow>, errors: Arc<AtomicU64>) {
+async fn writer(store: Store, mut rx: mpsc::Receiver<ApiLogRow>, errors: Counts) {
     let mut batch = Vec::with_capacity(BATCH);
     let mut timer = tokio::time::interval(FLUSH_EVERY);
     timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -95,13 +116,22 @@ async fn writer(store: Store, mut rx: mpsc::Receiver<ApiLogRow>, errors: Arc<Ato
     }
 }
 
-async fn flush(store: &Store, batch: &mut Vec<ApiLogRow>, errors: &AtomicU64) {
+async fn flush(store: &Store, batch: &mut Vec<ApiLogRow>, counts: &Counts) {
     if batch.is_empty() {
         return;
     }
-    if let Err(e) = write(store, batch).await {
-        errors.fetch_add(batch.len() as u64, Ordering::Relaxed);
-        tracing::warn!("api_logs: {} rows not written: {e}", batch.len());
+    match write(store, batch).await {
+        Ok(()) => {
+            counts
+                .written
+                .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        }
+        Err(e) => {
+            counts
+                .failed
+                .fetch_add(batch.len() as u64, Ordering::Relaxed);
+            tracing::warn!("api_logs: {} rows not written: {e}", batch.len());
+        }
     }
     batch.clear();
 }
@@ -141,7 +171,8 @@ macro_rules! insert_rows {
                     .push_bind(r.latency_ms)
                     .push_bind(r.prompt_tokens)
                     .push_bind(r.completion_tokens)
-                    .push_bind(&r.error);
+                    .push_bind(&r.error)
+                    .push_bind(&r.request_id);
             });
             qb.build().execute(&mut *tx).await?;
         }
@@ -149,7 +180,7 @@ macro_rules! insert_rows {
     }};
 }
 
-const COLUMNS: &str = "INSERT INTO api_logs (created_at_ms, route, consumer, model, endpoint_id, attempts, fell_back, status, ttft_ms, latency_ms, prompt_tokens, completion_tokens, error) ";
+const COLUMNS: &str = "INSERT INTO api_logs (created_at_ms, route, consumer, model, endpoint_id, attempts, fell_back, status, ttft_ms, latency_ms, prompt_tokens, completion_tokens, error, request_id) ";
 
 /// Writes `rows` in one transaction.
 async fn write(store: &Store, rows: &[ApiLogRow]) -> Result<(), sqlx::Error> {

@@ -15,6 +15,7 @@ use super::catalog::LoadedStrategy;
 use super::engine::{DeadlineElapsed, SETUP_TIMEOUT, StrategyEngine, arm, wall_backstop};
 use super::types::{Candidate, Decision, Observation, Request, UpstreamInfo};
 use super::wit::{Call, Guest, Reply, StoreState};
+use crate::telemetry::metrics as telemetry;
 
 struct LiveInstance {
     store: Store<StoreState>,
@@ -129,6 +130,7 @@ impl ModelRouter {
         if slot.is_none() {
             let live = self.instantiate().await?;
             self.stats.resets.fetch_add(1, Ordering::Relaxed);
+            telemetry::strategy_reset(&self.model_id, &self.strategy.name);
             tracing::warn!(
                 model = %self.model_id,
                 strategy = %self.strategy.label(),
@@ -208,6 +210,7 @@ impl ModelRouter {
         candidates: &[Candidate],
     ) -> Result<Decision, StrategyError> {
         self.stats.selects.fetch_add(1, Ordering::Relaxed);
+        let started = std::time::Instant::now();
         let result = self
             .call(Call::Select(request, candidates))
             .await
@@ -230,8 +233,11 @@ impl ModelRouter {
                         reason,
                     })
             });
+        telemetry::strategy_select(&self.model_id, &self.strategy.name, started.elapsed());
         if let Err(e) = &result {
             self.record_failure(e);
+            // The caller (routing's selection) answers every select failure with declared order.
+            telemetry::strategy_fallback(&self.model_id, &self.strategy.name);
         }
         result
     }
@@ -330,8 +336,31 @@ impl ModelRouter {
 
     fn record_failure(&self, e: &StrategyError) {
         self.stats.failures.fetch_add(1, Ordering::Relaxed);
+        let (call, kind) = failure_kind(e);
+        telemetry::strategy_failure(&self.model_id, &self.strategy.name, call, kind);
         tracing::warn!(model = %self.model_id, strategy = %self.strategy.label(), "strategy failure: {e}");
         *self.stats.last_failure.lock() = Some(e.to_string());
+    }
+}
+
+/// The failed call and the kind of failure, for `switchyard_strategy_failures_total`.
+fn failure_kind(e: &StrategyError) -> (&'static str, &'static str) {
+    match e {
+        StrategyError::Trap { call, reason, .. } => (
+            *call,
+            if reason.starts_with("exceeded its deadline") {
+                "timeout"
+            } else if reason.starts_with("exceeded its memory cap") {
+                "memory"
+            } else {
+                "trap"
+            },
+        ),
+        StrategyError::Rejected { call, .. } => (*call, "rejected"),
+        StrategyError::InvalidDecision { .. } => ("select", "invalid_decision"),
+        StrategyError::Engine(_)
+        | StrategyError::Load { .. }
+        | StrategyError::UnsupportedApi { .. } => ("unknown", "engine"),
     }
 }
 

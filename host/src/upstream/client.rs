@@ -85,6 +85,12 @@ impl UpstreamClient {
         let mut request = request
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(body);
+        // The upstream's logs can then be joined with ours.
+        if let Some(value) =
+            crate::telemetry::request_id::current().and_then(|id| id.header_value())
+        {
+            request = request.header(crate::telemetry::request_id::HEADER, value);
+        }
         match auth {
             UpstreamAuth::Bearer(Some(key)) => request = request.bearer_auth(key),
             UpstreamAuth::Anthropic(key) => {

@@ -160,6 +160,26 @@ impl QuotaBoard {
             .clamp(MIN_WAKE, MAX_WAKE)
     }
 
+    /// (model, endpoint id, limit − used) of each quota route whose snapshot states a limit.
+    pub fn headroom(&self) -> Vec<(String, String, u64)> {
+        let state = self.state.lock();
+        state
+            .plan
+            .routes
+            .iter()
+            .filter_map(|r| {
+                let snapshot = state.pools.get(&r.pool)?.snapshot?;
+                (snapshot.limit > 0).then(|| {
+                    (
+                        r.model.clone(),
+                        r.endpoint_id.clone(),
+                        snapshot.limit.saturating_sub(snapshot.used),
+                    )
+                })
+            })
+            .collect()
+    }
+
     /// `/health/deep`'s view: every quota route, where its snapshot comes from, the snapshot and
     /// what is wrong, if anything.
     pub fn report(&self) -> serde_json::Value {

@@ -189,6 +189,7 @@ impl<C: Call> Dispatch<'_, C> {
         let mut failed: Vec<FailedAttempt> = Vec::new();
         let mut excluded = plan.excluded.clone();
         let mut sent_backup: Option<usize> = None;
+        let mut upstream_time = std::time::Duration::ZERO;
         for (n, &position) in plan.order.iter().enumerate() {
             if failed.len() >= plan.max_attempts {
                 not_tried(&mut excluded, routes, &plan.order[n..], plan.max_attempts);
@@ -203,6 +204,7 @@ impl<C: Call> Dispatch<'_, C> {
             let Some(ticket) = self.admit(upstream, &mut excluded) else {
                 continue;
             };
+            let waited = Instant::now();
             let step = match hedge.take() {
                 Some(h) => self.hedged(position, ticket, h, &mut excluded).await,
                 None => Step {
@@ -212,13 +214,14 @@ impl<C: Call> Dispatch<'_, C> {
                     hedged: None,
                 },
             };
+            upstream_time += waited.elapsed();
             failed.extend(step.failures);
             sent_backup = step.hedged;
             let upstream = &routes[step.position];
             match step.result {
                 Ok(answer) => {
                     self.ledger.served(upstream);
-                    return Ok((answer, Attribution::new(upstream, failed)));
+                    return Ok((answer, Attribution::new(upstream, failed, upstream_time)));
                 }
                 Err(e) => failed.push(FailedAttempt::new(upstream, &e)),
             }

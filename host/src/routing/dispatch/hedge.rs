@@ -73,6 +73,7 @@ impl<C: Call> Dispatch<'_, C> {
             after_ms = hedge.after.as_millis() as u64,
             "hedging: the primary has not answered, sending the backup"
         );
+        crate::telemetry::metrics::hedge_sent(self.ledger.model.id());
         let second = self.attempt(hedge.backup, backup_ticket);
         tokio::pin!(second);
         let (winner, result, loser, loser_ticket) = tokio::select! {
@@ -96,6 +97,10 @@ impl<C: Call> Dispatch<'_, C> {
                 (winner, ok)
             }
         };
+        // Won: the backup's answer is the one the client gets.
+        if position == hedge.backup && result.is_ok() {
+            crate::telemetry::metrics::hedge_won(self.ledger.model.id());
+        }
         Step {
             position,
             result,

@@ -10,6 +10,7 @@ use std::time::Instant;
 use crate::config::ModelUpstream;
 use crate::protocol::ir;
 use crate::strategy::{ModelRouter, Observation};
+use crate::telemetry::metrics as telemetry;
 use crate::upstream::{AttemptEnd, AttemptError, AttemptSink};
 
 use super::super::RoutingContext;
@@ -142,6 +143,7 @@ impl AttemptLedger {
         let key = self.upstream().key.as_ref().filter(|_| self.uses_pool_key);
         match key {
             Some(key) if is_key_rejection(*status) => {
+                telemetry::credential_rejected(&self.upstream().endpoint_id, *status);
                 self.ctx
                     .keys
                     .quiet(key, *status, *retry_after, Instant::now());
@@ -172,6 +174,22 @@ impl AttemptSink for AttemptLedger {
         let ctx = &self.ctx;
         let upstream = self.upstream();
         let endpoint_id = upstream.endpoint_id.as_str();
+        telemetry::attempt_done(&telemetry::AttemptDone {
+            model: self.model.id(),
+            endpoint: endpoint_id,
+            upstream_protocol: upstream.kind.as_str(),
+            operation: if strategy_metadata.is_some() {
+                telemetry::Operation::Chat
+            } else {
+                telemetry::Operation::Embeddings
+            },
+            error_type: end.outcome.err().map(AttemptError::error_type),
+            status: end.status,
+            duration: std::time::Duration::from_secs_f64(end.latency_ms.max(0.0) / 1000.0),
+            input_tokens: end.usage.input_tokens,
+            output_tokens: end.usage.output_tokens,
+            cached_input_tokens: end.usage.cached_input_tokens,
+        });
         match end.outcome {
             Ok(()) => {
                 if health_pending {

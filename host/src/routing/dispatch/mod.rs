@@ -51,17 +51,26 @@ pub struct Attribution {
     pub endpoint_id: String,
     pub fell_back: bool,
     pub failed_attempts: Vec<FailedAttempt>,
+    /// Time the dispatch spent waiting on attempts, until the answer (a stream: its first event)
+    /// was in hand; the rest of the request's time is the gateway's own.
+    #[serde(skip)]
+    pub upstream_time: std::time::Duration,
 }
 
 impl Attribution {
     /// Served by `upstream` after the `failed` attempts.
-    fn new(upstream: &ModelUpstream, failed: Vec<FailedAttempt>) -> Self {
+    fn new(
+        upstream: &ModelUpstream,
+        failed: Vec<FailedAttempt>,
+        upstream_time: std::time::Duration,
+    ) -> Self {
         Self {
             provider: upstream.kind.as_str().to_owned(),
             base_url: upstream.base_url.clone(),
             endpoint_id: upstream.endpoint_id.clone(),
             fell_back: !failed.is_empty(),
             failed_attempts: failed,
+            upstream_time,
         }
     }
 }

@@ -1,0 +1,634 @@
+//! Prometheus metrics through the `metrics` facade and `metrics-exporter-prometheus`, which
+//! renders the text exposition format (nothing here writes it by hand).
+//!
+//! Names follow the OpenTelemetry GenAI semantic conventions in their Prometheus form
+//! (`gen_ai.server.request.duration` → `gen_ai_server_request_duration_seconds`): the gateway is a
+//! GenAI *server* to its callers (per request) and a GenAI *client* of its upstreams (per
+//! attempt). What only a routing gateway has is `switchyard_*`.
+//!
+//! Labels are bounded by the configuration: model ids, endpoint ids, protocols, status classes and
+//! closed vocabularies. Never a caller, a key or a prompt.
+//!
+//! Counters and histograms are recorded where things happen; gauges that mirror live state
+//! (breakers, backlog, affinity, quiet keys, quota) are set by the scrape handler just before it
+//! renders, from the structures themselves, so the request path pays nothing for them.
+//!
+//! Until [`install`] runs (unit tests, `switchyard check`), every recording function is a no-op.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use metrics::{counter, gauge, histogram};
+use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
+
+/// Every metric name, in one place (the README's "Observing Switchyard" lists them).
+pub mod names {
+    /// Histogram, seconds: a request from arrival to its last byte (a stream's end).
+    pub const SERVER_REQUEST_DURATION: &str = "gen_ai_server_request_duration_seconds";
+    /// Histogram, seconds: arrival to the first token the client gets.
+    pub const SERVER_TIME_TO_FIRST_TOKEN: &str = "gen_ai_server_time_to_first_token_seconds";
+    /// Histogram, seconds: (duration − TTFT) / (output tokens − 1), streams with 2+ tokens.
+    pub const SERVER_TIME_PER_OUTPUT_TOKEN: &str = "gen_ai_server_time_per_output_token_seconds";
+    /// Histogram, seconds: one attempt against one upstream.
+    pub const CLIENT_OPERATION_DURATION: &str = "gen_ai_client_operation_duration_seconds";
+    /// Histogram, tokens: what an upstream reported per attempt, by `type` input/output/cached.
+    pub const CLIENT_TOKEN_USAGE: &str = "gen_ai_client_token_usage";
+    /// Histogram, seconds: time spent in the gateway itself, not waiting on an upstream.
+    pub const GATEWAY_OVERHEAD: &str = "switchyard_gateway_overhead_seconds";
+    /// Counter: requests answered with an error, by `error_type` (closed vocabulary).
+    pub const ERRORS: &str = "switchyard_errors_total";
+    /// Histogram: attempts a request made (1 = first try).
+    pub const REQUEST_ATTEMPTS: &str = "switchyard_request_attempts";
+    /// Counter: requests served by a later upstream after an earlier one failed.
+    pub const FALLBACKS: &str = "switchyard_fallbacks_total";
+    /// Counter: hedge backups sent (the primary had not answered in time).
+    pub const HEDGES_SENT: &str = "switchyard_hedges_sent_total";
+    /// Counter: hedges whose backup answered first.
+    pub const HEDGES_WON: &str = "switchyard_hedges_won_total";
+    /// Counter: upstream answers that rejected a pool key (401/402/403/429); the key is quieted.
+    pub const CREDENTIAL_REJECTIONS: &str = "switchyard_upstream_credential_rejections_total";
+    /// Gauge: 0 closed, 1 half-open, 2 open.
+    pub const ENDPOINT_CIRCUIT_STATE: &str = "switchyard_endpoint_circuit_state";
+    /// Gauge, 0..1: the endpoint's decayed success rate.
+    pub const ENDPOINT_AVAILABILITY: &str = "switchyard_endpoint_availability";
+    /// Gauge: attempts in flight.
+    pub const ENDPOINT_IN_FLIGHT: &str = "switchyard_endpoint_in_flight";
+    /// Gauge, tokens: uncached prompt tokens in prefill.
+    pub const PREFILL_BACKLOG: &str = "switchyard_prefill_backlog_tokens";
+    /// Gauge: in-flight prompts above `elephant_tokens`.
+    pub const PREFILL_ELEPHANTS: &str = "switchyard_prefill_elephants";
+    /// Gauge: session-affinity entries.
+    pub const AFFINITY_ENTRIES: &str = "switchyard_affinity_entries";
+    /// Gauge: keys of a pool out of rotation.
+    pub const QUIET_KEYS: &str = "switchyard_key_pool_quiet_keys";
+    /// Gauge, requests: what a quota route may still send this period (limit − used).
+    pub const QUOTA_HEADROOM: &str = "switchyard_quota_headroom_requests";
+    /// Histogram, seconds: a strategy's `select` call.
+    pub const STRATEGY_SELECT_DURATION: &str = "switchyard_strategy_select_duration_seconds";
+    /// Counter: strategy calls that failed, by `kind` (trap, timeout, memory, rejected,
+    /// invalid_decision, engine).
+    pub const STRATEGY_FAILURES: &str = "switchyard_strategy_failures_total";
+    /// Counter: `select` failures answered by declared order instead.
+    pub const STRATEGY_FALLBACKS: &str = "switchyard_strategy_fallbacks_total";
+    /// Counter: strategy instances re-created after a failure (their state was reset).
+    pub const STRATEGY_RESETS: &str = "switchyard_strategy_instance_resets_total";
+    /// Counter: request-log rows by `outcome` written, dropped (queue full), failed (database).
+    pub const REQUEST_LOG_ROWS: &str = "switchyard_request_log_rows_total";
+    /// Gauge: database configuration versions the served snapshot is behind.
+    pub const CONFIG_SYNC_VERSIONS_BEHIND: &str = "switchyard_config_sync_versions_behind";
+    /// Gauge, seconds: since the served configuration snapshot was last loaded.
+    pub const CONFIG_SYNC_AGE: &str = "switchyard_config_sync_age_seconds";
+    /// Gauge: consecutive failed configuration loads.
+    pub const CONFIG_SYNC_FAILURES: &str = "switchyard_config_sync_consecutive_failures";
+
+    /// Every name above.
+    pub const ALL: &[&str] = &[
+        SERVER_REQUEST_DURATION,
+        SERVER_TIME_TO_FIRST_TOKEN,
+        SERVER_TIME_PER_OUTPUT_TOKEN,
+        CLIENT_OPERATION_DURATION,
+        CLIENT_TOKEN_USAGE,
+        GATEWAY_OVERHEAD,
+        ERRORS,
+        REQUEST_ATTEMPTS,
+        FALLBACKS,
+        HEDGES_SENT,
+        HEDGES_WON,
+        CREDENTIAL_REJECTIONS,
+        ENDPOINT_CIRCUIT_STATE,
+        ENDPOINT_AVAILABILITY,
+        ENDPOINT_IN_FLIGHT,
+        PREFILL_BACKLOG,
+        PREFILL_ELEPHANTS,
+        AFFINITY_ENTRIES,
+        QUIET_KEYS,
+        QUOTA_HEADROOM,
+        STRATEGY_SELECT_DURATION,
+        STRATEGY_FAILURES,
+        STRATEGY_FALLBACKS,
+        STRATEGY_RESETS,
+        REQUEST_LOG_ROWS,
+        CONFIG_SYNC_VERSIONS_BEHIND,
+        CONFIG_SYNC_AGE,
+        CONFIG_SYNC_FAILURES,
+    ];
+}
+
+use names::*;
+
+// Bucket bounds: the GenAI conventions' advice where it gives one, else spread over the range the
+// quantity takes in practice.
+const DURATION_BUCKETS: &[f64] = &[
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92, 163.84,
+];
+const TTFT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+];
+const TPOT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+];
+const TOKEN_BUCKETS: &[f64] = &[
+    1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0,
+];
+const OVERHEAD_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+];
+const SELECT_BUCKETS: &[f64] = &[
+    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05,
+];
+const ATTEMPT_BUCKETS: &[f64] = &[1.0, 2.0, 3.0, 4.0, 5.0, 10.0];
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// How often histogram samples are folded into their buckets when nobody scrapes: bounds the
+/// memory they hold between scrapes.
+const UPKEEP_EVERY: Duration = Duration::from_secs(5);
+
+/// Installs the process-wide recorder. Once per process; a second call is an error.
+pub fn install() -> Result<(), BuildError> {
+    let mut builder = PrometheusBuilder::new();
+    for (name, buckets) in [
+        (SERVER_REQUEST_DURATION, DURATION_BUCKETS),
+        (CLIENT_OPERATION_DURATION, DURATION_BUCKETS),
+        (SERVER_TIME_TO_FIRST_TOKEN, TTFT_BUCKETS),
+        (SERVER_TIME_PER_OUTPUT_TOKEN, TPOT_BUCKETS),
+        (CLIENT_TOKEN_USAGE, TOKEN_BUCKETS),
+        (GATEWAY_OVERHEAD, OVERHEAD_BUCKETS),
+        (STRATEGY_SELECT_DURATION, SELECT_BUCKETS),
+        (REQUEST_ATTEMPTS, ATTEMPT_BUCKETS),
+    ] {
+        builder = builder.set_buckets_for_metric(Matcher::Full(name.to_owned()), buckets)?;
+    }
+    let handle = builder.install_recorder()?;
+    describe();
+    let _ = HANDLE.set(handle);
+    Ok(())
+}
+
+/// Folds histogram samples into buckets now and then (rendering does it too); call once, inside
+/// the runtime, after [`install`].
+pub fn spawn_upkeep() {
+    let Some(handle) = HANDLE.get() else {
+        return;
+    };
+    tokio::spawn(async move {
+        let mut timer = tokio::time::interval(UPKEEP_EVERY);
+        timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            timer.tick().await;
+            handle.run_upkeep();
+        }
+    });
+}
+
+/// The metrics in the Prometheus text format; `None` when no recorder is installed.
+pub fn render() -> Option<String> {
+    HANDLE.get().map(PrometheusHandle::render)
+}
+
+/// `# HELP` lines.
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_histogram!(
+        SERVER_REQUEST_DURATION,
+        "Duration of a request at the gateway, arrival to last byte"
+    );
+    describe_histogram!(
+        SERVER_TIME_TO_FIRST_TOKEN,
+        "Arrival to the first output token sent to the client"
+    );
+    describe_histogram!(
+        SERVER_TIME_PER_OUTPUT_TOKEN,
+        "Time per output token after the first, streamed requests"
+    );
+    describe_histogram!(
+        CLIENT_OPERATION_DURATION,
+        "Duration of one attempt against one upstream"
+    );
+    describe_histogram!(
+        CLIENT_TOKEN_USAGE,
+        "Tokens an upstream reported for one attempt, by type (input, output, cached)"
+    );
+    describe_histogram!(
+        GATEWAY_OVERHEAD,
+        "Time a request spent in the gateway, not waiting on an upstream"
+    );
+    describe_counter!(ERRORS, "Requests answered with an error, by error_type");
+    describe_histogram!(REQUEST_ATTEMPTS, "Upstream attempts per request");
+    describe_counter!(
+        FALLBACKS,
+        "Requests served by a later upstream after an earlier one failed"
+    );
+    describe_counter!(HEDGES_SENT, "Hedge backups sent");
+    describe_counter!(HEDGES_WON, "Hedges whose backup answered first");
+    describe_counter!(
+        CREDENTIAL_REJECTIONS,
+        "Upstream rejections of a pool key (the key is quieted)"
+    );
+    describe_gauge!(
+        ENDPOINT_CIRCUIT_STATE,
+        "Breaker state: 0 closed, 1 half-open, 2 open"
+    );
+    describe_gauge!(ENDPOINT_AVAILABILITY, "Decayed success rate, 0..1");
+    describe_gauge!(ENDPOINT_IN_FLIGHT, "Attempts in flight");
+    describe_gauge!(PREFILL_BACKLOG, "Uncached prompt tokens in prefill");
+    describe_gauge!(PREFILL_ELEPHANTS, "In-flight prompts above elephant_tokens");
+    describe_gauge!(AFFINITY_ENTRIES, "Session-affinity entries");
+    describe_gauge!(QUIET_KEYS, "Keys of a pool out of rotation");
+    describe_gauge!(
+        QUOTA_HEADROOM,
+        "Requests a quota route may still send this period"
+    );
+    describe_histogram!(STRATEGY_SELECT_DURATION, "Duration of a strategy's select");
+    describe_counter!(STRATEGY_FAILURES, "Failed strategy calls, by kind");
+    describe_counter!(
+        STRATEGY_FALLBACKS,
+        "Select failures answered by declared order"
+    );
+    describe_counter!(
+        STRATEGY_RESETS,
+        "Strategy instances re-created after a failure"
+    );
+    describe_counter!(REQUEST_LOG_ROWS, "Request-log rows, by outcome");
+    describe_gauge!(
+        CONFIG_SYNC_VERSIONS_BEHIND,
+        "Database configuration versions the served snapshot is behind"
+    );
+    describe_gauge!(
+        CONFIG_SYNC_AGE,
+        "Seconds since the configuration snapshot was last loaded"
+    );
+    describe_gauge!(
+        CONFIG_SYNC_FAILURES,
+        "Consecutive failed configuration loads"
+    );
+}
+
+/// `2xx`, `4xx`, `5xx` (a bounded label for any status).
+pub fn status_class(status: u16) -> &'static str {
+    match status {
+        100..=199 => "1xx",
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        _ => "5xx",
+    }
+}
+
+/// What kind of call a request was (GenAI's `gen_ai.operation.name`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    Chat,
+    Embeddings,
+}
+
+impl Operation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::Chat => "chat",
+            Operation::Embeddings => "embeddings",
+        }
+    }
+}
+
+/// One request the gateway finished after it resolved the model: served, or failed.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestDone<'a> {
+    pub model: &'a str,
+    pub operation: Operation,
+    /// The client's protocol (`Dialect::as_str`).
+    pub inbound_protocol: &'static str,
+    /// The serving upstream's protocol (its kind); `none` when nothing served.
+    pub upstream_protocol: &'a str,
+    /// The serving endpoint; `none` when nothing served.
+    pub endpoint: &'a str,
+    pub status: u16,
+    pub duration: Duration,
+    /// Arrival to the first token; `None` when nothing was generated.
+    pub time_to_first_token: Option<Duration>,
+    pub output_tokens: u32,
+    /// Attempts sent upstream (0 when none could be).
+    pub attempts: usize,
+}
+
+/// Books a finished request: its duration, TTFT, time per output token, attempts and fallback.
+pub fn request_done(r: &RequestDone<'_>) {
+    let labels = [
+        ("model", r.model.to_owned()),
+        ("operation", r.operation.as_str().to_owned()),
+        ("inbound_protocol", r.inbound_protocol.to_owned()),
+        ("upstream_protocol", r.upstream_protocol.to_owned()),
+        ("endpoint", r.endpoint.to_owned()),
+        ("status_class", status_class(r.status).to_owned()),
+    ];
+    histogram!(SERVER_REQUEST_DURATION, &labels).record(r.duration.as_secs_f64());
+    let served = (200..300).contains(&r.status);
+    if let (true, Some(ttft)) = (served, r.time_to_first_token) {
+        // The status class says nothing new for served requests.
+        let labels = &labels[..5];
+        histogram!(SERVER_TIME_TO_FIRST_TOKEN, labels).record(ttft.as_secs_f64());
+        if r.output_tokens > 1 && r.duration > ttft {
+            let per_token = (r.duration - ttft).as_secs_f64() / f64::from(r.output_tokens - 1);
+            histogram!(SERVER_TIME_PER_OUTPUT_TOKEN, labels).record(per_token);
+        }
+    }
+    let model = [("model", r.model.to_owned())];
+    histogram!(REQUEST_ATTEMPTS, &model).record(r.attempts as f64);
+    if served && r.attempts > 1 {
+        counter!(FALLBACKS, &model).increment(1);
+    }
+}
+
+/// Time the request spent in the gateway itself (parsing, auth, selection, translation and the
+/// relay's own work), not waiting on an upstream.
+pub fn gateway_overhead(model: &str, inbound_protocol: &'static str, overhead: Duration) {
+    histogram!(
+        GATEWAY_OVERHEAD,
+        "model" => model.to_owned(),
+        "inbound_protocol" => inbound_protocol,
+    )
+    .record(overhead.as_secs_f64());
+}
+
+/// An error answer, by its closed-vocabulary type (`caller_*`, `gateway_*`, `upstream_*`).
+pub fn request_error(error_type: &'static str, inbound_protocol: &'static str, status: u16) {
+    counter!(
+        ERRORS,
+        "error_type" => error_type,
+        "inbound_protocol" => inbound_protocol,
+        "status_class" => status_class(status),
+    )
+    .increment(1);
+}
+
+/// One attempt against one upstream, as it ended.
+#[derive(Debug, Clone, Copy)]
+pub struct AttemptDone<'a> {
+    pub model: &'a str,
+    pub endpoint: &'a str,
+    /// The upstream's protocol (its kind).
+    pub upstream_protocol: &'static str,
+    pub operation: Operation,
+    /// The attempt's error type (`transport`, `timeout`, `http_status`, …); `None` when it
+    /// succeeded.
+    pub error_type: Option<&'static str>,
+    /// The upstream's HTTP status; 0 when it gave none.
+    pub status: u16,
+    pub duration: Duration,
+    pub input_tokens: u32,
+    pub output_tokens: u32,
+    pub cached_input_tokens: u32,
+}
+
+/// Books an attempt: its duration by outcome and the tokens the upstream reported.
+pub fn attempt_done(a: &AttemptDone<'_>) {
+    let status = if a.status == 0 {
+        "none"
+    } else {
+        status_class(a.status)
+    };
+    histogram!(
+        CLIENT_OPERATION_DURATION,
+        "model" => a.model.to_owned(),
+        "endpoint" => a.endpoint.to_owned(),
+        "upstream_protocol" => a.upstream_protocol,
+        "operation" => a.operation.as_str(),
+        "status_class" => status,
+        "error_type" => a.error_type.unwrap_or("none"),
+    )
+    .record(a.duration.as_secs_f64());
+    if a.error_type.is_some() {
+        return;
+    }
+    for (kind, tokens) in [
+        ("input", a.input_tokens),
+        ("output", a.output_tokens),
+        ("cached", a.cached_input_tokens),
+    ] {
+        if tokens > 0 || kind != "cached" {
+            histogram!(
+                CLIENT_TOKEN_USAGE,
+                "model" => a.model.to_owned(),
+                "endpoint" => a.endpoint.to_owned(),
+                "operation" => a.operation.as_str(),
+                "type" => kind,
+            )
+            .record(f64::from(tokens));
+        }
+    }
+}
+
+/// An upstream rejected a pool key with `status`.
+pub fn credential_rejected(endpoint: &str, status: u16) {
+    counter!(
+        CREDENTIAL_REJECTIONS,
+        "endpoint" => endpoint.to_owned(),
+        "status" => status.to_string(),
+    )
+    .increment(1);
+}
+
+/// A hedge's backup was sent.
+pub fn hedge_sent(model: &str) {
+    counter!(HEDGES_SENT, "model" => model.to_owned()).increment(1);
+}
+
+/// A hedge's backup answered first.
+pub fn hedge_won(model: &str) {
+    counter!(HEDGES_WON, "model" => model.to_owned()).increment(1);
+}
+
+/// A strategy's `select` took `duration`.
+pub fn strategy_select(model: &str, strategy: &str, duration: Duration) {
+    histogram!(
+        STRATEGY_SELECT_DURATION,
+        "model" => model.to_owned(),
+        "strategy" => strategy.to_owned(),
+    )
+    .record(duration.as_secs_f64());
+}
+
+/// A strategy call failed; `kind` is one of trap, timeout, memory, rejected, invalid_decision,
+/// engine.
+pub fn strategy_failure(model: &str, strategy: &str, call: &'static str, kind: &'static str) {
+    counter!(
+        STRATEGY_FAILURES,
+        "model" => model.to_owned(),
+        "strategy" => strategy.to_owned(),
+        "call" => call,
+        "kind" => kind,
+    )
+    .increment(1);
+}
+
+/// A failed `select` was answered by declared order.
+pub fn strategy_fallback(model: &str, strategy: &str) {
+    counter!(
+        STRATEGY_FALLBACKS,
+        "model" => model.to_owned(),
+        "strategy" => strategy.to_owned(),
+    )
+    .increment(1);
+}
+
+/// A strategy instance was re-created after a failure.
+pub fn strategy_reset(model: &str, strategy: &str) {
+    counter!(
+        STRATEGY_RESETS,
+        "model" => model.to_owned(),
+        "strategy" => strategy.to_owned(),
+    )
+    .increment(1);
+}
+
+/// Scrape-time gauges and counters mirrored from live state.
+pub mod state {
+    use super::*;
+
+    /// One endpoint's breaker, availability, in-flight attempts and prefill load.
+    #[derive(Debug, Clone, Copy)]
+    pub struct EndpointState<'a> {
+        pub endpoint: &'a str,
+        /// 0 closed, 1 half-open, 2 open.
+        pub circuit: u8,
+        pub availability: f64,
+        pub in_flight: u32,
+        pub backlog_tokens: u64,
+        pub elephants: u32,
+    }
+
+    pub fn endpoint(e: &EndpointState<'_>) {
+        let endpoint = || [("endpoint", e.endpoint.to_owned())];
+        gauge!(ENDPOINT_CIRCUIT_STATE, &endpoint()).set(f64::from(e.circuit));
+        gauge!(ENDPOINT_AVAILABILITY, &endpoint()).set(e.availability);
+        gauge!(ENDPOINT_IN_FLIGHT, &endpoint()).set(f64::from(e.in_flight));
+        gauge!(PREFILL_BACKLOG, &endpoint()).set(e.backlog_tokens as f64);
+        gauge!(PREFILL_ELEPHANTS, &endpoint()).set(f64::from(e.elephants));
+    }
+
+    pub fn affinity_entries(entries: usize) {
+        gauge!(AFFINITY_ENTRIES).set(entries as f64);
+    }
+
+    pub fn quiet_keys(pool: &str, quiet: usize) {
+        gauge!(QUIET_KEYS, "pool" => pool.to_owned()).set(quiet as f64);
+    }
+
+    pub fn quota_headroom(model: &str, endpoint: &str, requests: f64) {
+        gauge!(
+            QUOTA_HEADROOM,
+            "model" => model.to_owned(),
+            "endpoint" => endpoint.to_owned(),
+        )
+        .set(requests);
+    }
+
+    /// The request log's running totals since start.
+    pub fn request_log(written: u64, dropped: u64, failed: u64) {
+        for (outcome, n) in [
+            ("written", written),
+            ("dropped", dropped),
+            ("failed", failed),
+        ] {
+            counter!(REQUEST_LOG_ROWS, "outcome" => outcome).absolute(n);
+        }
+    }
+
+    pub fn config_sync(versions_behind: i64, age: Option<Duration>, consecutive_failures: u32) {
+        gauge!(CONFIG_SYNC_VERSIONS_BEHIND).set(versions_behind.max(0) as f64);
+        if let Some(age) = age {
+            gauge!(CONFIG_SYNC_AGE).set(age.as_secs_f64());
+        }
+        gauge!(CONFIG_SYNC_FAILURES).set(f64::from(consecutive_failures));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Metric names mentioned in `text`, without a histogram's `_bucket`/`_count`/`_sum`.
+    fn mentioned(text: &str) -> std::collections::BTreeSet<String> {
+        let name = regex::Regex::new(r"\b(?:gen_ai|switchyard)_[a-z_]*[a-z]").expect("regex");
+        name.find_iter(text)
+            .map(|m| {
+                let n = m.as_str();
+                ["_bucket", "_count", "_sum"]
+                    .iter()
+                    .find_map(|s| n.strip_suffix(s).filter(|b| names::ALL.contains(b)))
+                    .unwrap_or(n)
+                    .to_owned()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_readme_and_the_dashboard_name_the_metrics_that_exist() {
+        let readme = include_str!("../../../README.md");
+        let section = readme
+            .split("## Observing Switchyard")
+            .nth(1)
+            .and_then(|s| s.split("\n## ").next())
+            .expect("README has the section");
+        let in_readme = mentioned(section);
+        for name in names::ALL {
+            assert!(in_readme.contains(*name), "README does not list {name}");
+        }
+        let dashboard = include_str!("../../../docs/grafana/switchyard.json");
+        let in_dashboard = mentioned(dashboard);
+        for name in in_readme.iter().chain(&in_dashboard) {
+            assert!(
+                names::ALL.contains(&name.as_str()),
+                "{name} is not a metric (README or docs/grafana/switchyard.json)"
+            );
+        }
+        serde_json::from_str::<serde_json::Value>(dashboard).expect("the dashboard is JSON");
+    }
+
+    #[test]
+    fn a_request_renders_as_histograms_with_bounded_labels() {
+        let recorder = PrometheusBuilder::new()
+            .set_buckets_for_metric(
+                Matcher::Full(SERVER_REQUEST_DURATION.to_owned()),
+                DURATION_BUCKETS,
+            )
+            .expect("buckets")
+            .build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            request_done(&RequestDone {
+                model: "m",
+                operation: Operation::Chat,
+                inbound_protocol: "openai",
+                upstream_protocol: "anthropic",
+                endpoint: "e1",
+                status: 200,
+                duration: Duration::from_millis(300),
+                time_to_first_token: Some(Duration::from_millis(100)),
+                output_tokens: 5,
+                attempts: 2,
+            });
+            request_error("upstream_timeout", "anthropic", 504);
+        });
+        let text = handle.render();
+        assert!(
+            text.contains(
+                "gen_ai_server_request_duration_seconds_bucket{model=\"m\",operation=\"chat\",inbound_protocol=\"openai\",upstream_protocol=\"anthropic\",endpoint=\"e1\",status_class=\"2xx\",le=\"0.32\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("switchyard_fallbacks_total{model=\"m\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("switchyard_errors_total{error_type=\"upstream_timeout\",inbound_protocol=\"anthropic\",status_class=\"5xx\"} 1"),
+            "{text}"
+        );
+        // (300 − 100) ms over 4 tokens after the first.
+        assert!(
+            text.contains("gen_ai_server_time_per_output_token_seconds{model=\"m\",operation=\"chat\",inbound_protocol=\"openai\",upstream_protocol=\"anthropic\",endpoint=\"e1\",quantile=\"0.5\"} 0.05"),
+            "{text}"
+        );
+    }
+}

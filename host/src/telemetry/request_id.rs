@@ -1,0 +1,131 @@
+//! Request ids: taken from the client's `x-request-id` when it is a sane token, generated
+//! otherwise (UUID v7: time-ordered, so ids sort like the request log). The id is returned on
+//! every answer (header, and in the error object's body), sent upstream, and carried by the
+//! request's tracing span and its request-log row.
+//!
+//! The id lives in a task-local for the duration of the request's handler: the upstream client
+//! and the error renderer read it from there instead of every stage passing it down. A future
+//! span-per-attempt (OpenTelemetry) can read it the same way.
+
+use std::sync::Arc;
+
+use axum::extract::Request;
+use axum::http::{HeaderName, HeaderValue};
+use axum::middleware::Next;
+use axum::response::Response;
+use tracing::Instrument;
+
+/// The header that carries the id, in both directions and upstream.
+pub const HEADER: HeaderName = HeaderName::from_static("x-request-id");
+
+/// Longest client-supplied id kept; a longer one is replaced by a generated id.
+pub const MAX_LEN: usize = 128;
+
+/// One request's id: cheap to clone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestId(Arc<str>);
+
+impl RequestId {
+    /// A fresh UUID v7.
+    pub fn generate() -> RequestId {
+        RequestId(Arc::from(uuid::Uuid::now_v7().to_string()))
+    }
+
+    /// The client's id when it is 1..=[`MAX_LEN`] visible ASCII characters (no spaces or control
+    /// characters, which would break log lines and header re-use); `None` otherwise.
+    pub fn accept(value: &[u8]) -> Option<RequestId> {
+        let ok = !value.is_empty()
+            && value.len() <= MAX_LEN
+            && value.iter().all(|b| b.is_ascii_graphic());
+        ok.then(|| RequestId(Arc::from(String::from_utf8_lossy(value).as_ref())))
+    }
+
+    /// The client's id from `headers`, or a generated one.
+    pub fn from_headers(headers: &axum::http::HeaderMap) -> RequestId {
+        headers
+            .get(&HEADER)
+            .and_then(|v| RequestId::accept(v.as_bytes()))
+            .unwrap_or_else(RequestId::generate)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// As a header value (always valid: visible ASCII by construction).
+    pub fn header_value(&self) -> Option<HeaderValue> {
+        HeaderValue::from_str(&self.0).ok()
+    }
+}
+
+impl std::fmt::Display for RequestId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+tokio::task_local! {
+    static CURRENT: RequestId;
+}
+
+/// The id of the request whose handler is running on this task, if any.
+pub fn current() -> Option<RequestId> {
+    CURRENT.try_with(Clone::clone).ok()
+}
+
+/// Axum middleware for every route: assigns the id, runs the handler in a `request` span that
+/// carries it (so every log line of the request names it) and with the id as the task's current
+/// one, and sets `x-request-id` on the answer, whatever the answer is.
+pub async fn middleware(mut request: Request, next: Next) -> Response {
+    let id = RequestId::from_headers(request.headers());
+    // Handlers that want it without the task-local (none today) find it here too.
+    request.extensions_mut().insert(id.clone());
+    // At ERROR level so that it is enabled whenever anything is logged: a process that logs only
+    // warnings still names the request in them.
+    let span = tracing::error_span!(
+        "request",
+        request_id = %id,
+        method = %request.method(),
+        path = %request.uri().path(),
+    );
+    let mut response = CURRENT
+        .scope(id.clone(), next.run(request))
+        .instrument(span)
+        .await;
+    if let Some(value) = id.header_value() {
+        response.headers_mut().insert(HEADER, value);
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_ids_are_kept_only_when_bounded_and_visible_ascii() {
+        assert_eq!(
+            RequestId::accept(b"req-123_abc.DEF:9").map(|r| r.to_string()),
+            Some("req-123_abc.DEF:9".to_owned())
+        );
+        for bad in [
+            &b""[..],
+            b"has space",
+            b"tab\there",
+            b"\x7f",
+            "caf\u{e9}".as_bytes(),
+            &[b'a'; MAX_LEN + 1],
+        ] {
+            assert!(RequestId::accept(bad).is_none(), "{bad:?} was accepted");
+        }
+        assert!(RequestId::accept(&[b'a'; MAX_LEN]).is_some());
+    }
+
+    #[test]
+    fn generated_ids_are_uuid_v7_and_distinct() {
+        let (a, b) = (RequestId::generate(), RequestId::generate());
+        assert_ne!(a, b);
+        let parsed = uuid::Uuid::parse_str(a.as_str()).expect("a UUID");
+        assert_eq!(parsed.get_version_num(), 7);
+    }
+}
