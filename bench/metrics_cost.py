@@ -3,7 +3,8 @@
 scraped every second, against the same binary with metrics off (`SWITCHYARD_METRICS=off`).
 
 Run: `python3 bench/metrics_cost.py` (uses bench/run.py's helpers: installs wrk when missing and
-builds the release binary; `--skip-build` uses the one already built, `--quick` runs 3 s rounds).
+builds the release binary; `--skip-build` uses the one already built, `--binary PATH` another one,
+`--quick` runs 3 s rounds).
 Both gateways serve with one thread on the same mock upstream; rounds alternate between them so
 drift on a shared machine hits both alike, and the median of the rounds is compared. Writes
 bench/results/metrics_cost.json and prints the table.
@@ -48,7 +49,7 @@ def scraper(url, stop, counts):
 
 
 def measure(url, pid, mode, script_dir):
-    payload = json.dumps(run.body("bench-fixed", stream=(mode == "stream")))
+    payload = run.body("bench-fixed", stream=(mode == "stream"))
     before = run.cpu_seconds(pid)
     result = run.wrk(url + "/v1/chat/completions", payload, CONCURRENCY, script_dir)
     cpu = run.cpu_seconds(pid) - before
@@ -58,7 +59,10 @@ def measure(url, pid, mode, script_dir):
 
 def main():
     run.ensure_tools()
-    binary = run.build()
+    if "--binary" in sys.argv:
+        binary = Path(sys.argv[sys.argv.index("--binary") + 1])
+    else:
+        binary = run.build()
     work = Path(tempfile.mkdtemp(prefix="switchyard-metrics-cost-"))
     env = dict(run.os.environ, RUST_LOG="warn", ROUTING_AFFINITY_ENABLED="0",
                SWITCHYARD_DEFAULT_AUTH="disabled", SWITCHYARD_WORKER_THREADS="1",
