@@ -26,4 +26,5 @@ mod sdk_clients;
 mod store;
 mod strategies;
 mod strategies_run;
+mod stream_deadlines;
 mod wit_versions;

@@ -23,7 +23,8 @@ pub use endpoint_id::{endpoint_id, is_loopback};
 pub use raw::{Capability, DefaultAuth, ProviderKind};
 pub use runtime::{
     Config, DatabaseModelsConfig, HealthCheckConfig, ModelConfig, ModelUpstream, PoolKey,
-    RoutingConfig, ServerConfig, StrategiesConfig, UpstreamClientConfig,
+    RoutingConfig, ServerConfig, StrategiesConfig, StreamDeadlineOverrides, StreamDeadlines,
+    UpstreamClientConfig,
 };
 
 /// A config that could not be loaded. The message always names the file.

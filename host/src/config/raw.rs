@@ -249,6 +249,16 @@ pub struct RawUpstreamClient {
     pub first_byte_timeout_seconds: Option<u64>,
     /// Time allowed for a whole non-streaming answer.
     pub request_timeout_seconds: Option<u64>,
+    /// Default time from dispatch to a stream's first content or tool-call delta.
+    pub first_token_timeout_seconds: Option<f64>,
+    /// Default longest silence between a stream's events once its content flows.
+    pub idle_timeout_seconds: Option<f64>,
+    /// Default longest time a whole stream may take.
+    pub stream_timeout_seconds: Option<f64>,
+    /// Largest whole (non-streaming) answer read from an upstream, in MiB.
+    pub max_body_mib: Option<u64>,
+    /// Largest single event (or line) of an upstream stream, in KiB.
+    pub max_event_kib: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -317,6 +327,12 @@ pub struct RawUpstream {
     pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
     /// The inbound calls this route can serve; replaces the provider kind's default set.
     pub capabilities: Option<Vec<Capability>>,
+    /// Overrides `upstream.first_token_timeout_seconds` for this upstream.
+    pub first_token_timeout_seconds: Option<f64>,
+    /// Overrides `upstream.idle_timeout_seconds` for this upstream.
+    pub idle_timeout_seconds: Option<f64>,
+    /// Overrides `upstream.stream_timeout_seconds` for this upstream.
+    pub stream_timeout_seconds: Option<f64>,
 }
 
 pub use crate::entity::Capability;

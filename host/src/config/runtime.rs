@@ -72,6 +72,43 @@ pub struct UpstreamClientConfig {
     pub connect_timeout: Duration,
     pub first_byte_timeout: Duration,
     pub request_timeout: Duration,
+    /// The stream deadlines of upstreams that set none of their own.
+    pub stream_deadlines: StreamDeadlines,
+    /// Largest whole answer read from an upstream.
+    pub max_body_bytes: usize,
+    /// Largest single event (or line) of an upstream stream.
+    pub max_event_bytes: usize,
+}
+
+/// How long a stream may take at each stage. Before its first content only `first_token` and
+/// `total` apply (a reasoning model may think silently for minutes); after it, `idle` and `total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamDeadlines {
+    /// From dispatch to the first content or tool-call delta.
+    pub first_token: Duration,
+    /// Between two upstream events once content flows.
+    pub idle: Duration,
+    /// From dispatch to the end of the stream.
+    pub total: Duration,
+}
+
+/// An upstream's own stream deadlines; `None` keeps the `upstream:` section's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StreamDeadlineOverrides {
+    pub first_token: Option<Duration>,
+    pub idle: Option<Duration>,
+    pub total: Option<Duration>,
+}
+
+impl StreamDeadlines {
+    /// These deadlines with `overrides` applied.
+    pub fn with(self, overrides: &StreamDeadlineOverrides) -> StreamDeadlines {
+        StreamDeadlines {
+            first_token: overrides.first_token.unwrap_or(self.first_token),
+            idle: overrides.idle.unwrap_or(self.idle),
+            total: overrides.total.unwrap_or(self.total),
+        }
+    }
 }
 
 /// One public model and its upstreams (YAML `route:`), in declared order.
@@ -118,6 +155,8 @@ pub struct ModelUpstream {
     pub metadata: serde_json::Map<String, serde_json::Value>,
     /// The inbound calls this route serves.
     pub capabilities: Vec<Capability>,
+    /// Stream deadlines of this upstream's own, over the `upstream:` section's.
+    pub stream_deadlines: StreamDeadlineOverrides,
 }
 
 /// One key of a pool: every key of an upstream (or of a YAML route's `api_key`/`api_keys`) is a

@@ -122,6 +122,14 @@ pub(super) fn validate(
                     }
                 }
             }
+            let stream_deadlines = crate::config::StreamDeadlineOverrides {
+                first_token: seconds(r.first_token_timeout_seconds)
+                    .map_err(|m| invalid(rat("first_token_timeout_seconds"), m))?,
+                idle: seconds(r.idle_timeout_seconds)
+                    .map_err(|m| invalid(rat("idle_timeout_seconds"), m))?,
+                total: seconds(r.stream_timeout_seconds)
+                    .map_err(|m| invalid(rat("stream_timeout_seconds"), m))?,
+            };
             let base_id = endpoint_id(&m.id, r.kind, &url);
             // Two routes of one model at the same location would share health and latency state;
             // the later ones get a numeric suffix so each route keeps its own.
@@ -179,6 +187,7 @@ pub(super) fn validate(
                 capabilities: r
                     .capabilities
                     .unwrap_or_else(|| r.kind.default_capabilities()),
+                stream_deadlines,
             };
             if keys.is_empty() {
                 routes.push(ModelUpstream {
@@ -326,6 +335,25 @@ pub(super) fn validate(
         .filter(|t| !t.trim().is_empty());
     let s = raw.strategies;
     let u = raw.upstream;
+    let upstream_seconds = |value: Option<f64>, key: &str, default: u64| {
+        seconds(value)
+            .map(|d| d.unwrap_or(Duration::from_secs(default)))
+            .map_err(|m| invalid(format!("upstream.{key}"), m))
+    };
+    // Defaults a healthy provider never reaches: models that reason before they answer (without
+    // streaming their reasoning) can take minutes to a first token, as long as a whole answer's
+    // headers may take (`first_byte_timeout_seconds`); once content flows, providers send an
+    // event (or a keep-alive) every few seconds; and a long answer (64k tokens at 30 tokens/s)
+    // takes about 35 minutes.
+    let stream_deadlines = crate::config::StreamDeadlines {
+        first_token: upstream_seconds(
+            u.first_token_timeout_seconds,
+            "first_token_timeout_seconds",
+            300,
+        )?,
+        idle: upstream_seconds(u.idle_timeout_seconds, "idle_timeout_seconds", 120)?,
+        total: upstream_seconds(u.stream_timeout_seconds, "stream_timeout_seconds", 3600)?,
+    };
     Ok(Config {
         source: path.to_owned(),
         server: ServerConfig {
@@ -362,8 +390,22 @@ pub(super) fn validate(
             connect_timeout: Duration::from_millis(u.connect_timeout_ms.unwrap_or(2000)),
             first_byte_timeout: Duration::from_secs(u.first_byte_timeout_seconds.unwrap_or(300)),
             request_timeout: Duration::from_secs(u.request_timeout_seconds.unwrap_or(600)),
+            stream_deadlines,
+            // Well above any real completion; a limit only so that a broken or hostile upstream
+            // cannot make the gateway hold gigabytes.
+            max_body_bytes: (u.max_body_mib.unwrap_or(64).max(1) as usize) << 20,
+            max_event_bytes: (u.max_event_kib.unwrap_or(1024).max(1) as usize) << 10,
         },
         models,
         routes,
     })
+}
+
+/// A number of seconds from the config: `None` stays `None`; it must be finite and above 0.
+fn seconds(value: Option<f64>) -> Result<Option<Duration>, String> {
+    match value {
+        None => Ok(None),
+        Some(v) if v.is_finite() && v > 0.0 => Ok(Some(Duration::from_secs_f64(v))),
+        Some(v) => Err(format!("must be a number of seconds > 0, got {v}")),
+    }
 }

@@ -64,7 +64,14 @@ impl GatewayError {
                     StatusCode::from_u16(a.status).unwrap_or(StatusCode::BAD_GATEWAY)
                 }
                 Some(a) if a.status == 429 => StatusCode::TOO_MANY_REQUESTS,
-                Some(a) if a.error_type == "timeout" => StatusCode::GATEWAY_TIMEOUT,
+                Some(a)
+                    if matches!(
+                        a.error_type,
+                        "timeout" | "first_token_timeout" | "idle_timeout" | "total_timeout"
+                    ) =>
+                {
+                    StatusCode::GATEWAY_TIMEOUT
+                }
                 _ => StatusCode::BAD_GATEWAY,
             },
         }

@@ -20,7 +20,7 @@ use crate::routing::table::ModelEntry;
 use crate::store::api_log::ApiLogRow;
 
 use super::auth::{self, Principal};
-use super::{GatewayError, attributed_row, caller, clamp_i32, log_request};
+use super::{GatewayError, attributed_row, caller, clamp_i32, failed_attempts_json, log_request};
 use crate::inbound_routes::{Endpoint, RouteMatch};
 
 /// What authentication and the inbound route decided for one request.
@@ -341,9 +341,9 @@ fn record_failure(
         latency_ms = started.elapsed().as_millis() as u64,
         "all attempts failed"
     );
-    let attempts = match err {
-        GatewayError::AllAttemptsFailed(d) => d.attempts.len(),
-        _ => 0,
+    let (attempts, failed_attempts) = match err {
+        GatewayError::AllAttemptsFailed(d) => (d.attempts.len(), failed_attempts_json(&d.attempts)),
+        _ => (0, None),
     };
     gateway.record(ApiLogRow {
         model: model.config.id.clone(),
@@ -352,6 +352,7 @@ fn record_failure(
         status: i32::from(status),
         latency_ms: started.elapsed().as_secs_f64() * 1000.0,
         error: Some(err.to_string()),
+        failed_attempts,
         ..admission.log_row()
     });
 }

@@ -79,8 +79,16 @@ fn attributed_row(attribution: &Attribution, base: ApiLogRow) -> ApiLogRow {
         endpoint_id: Some(attribution.endpoint_id.clone()),
         attempts: attribution.failed_attempts.len() as i32 + 1,
         fell_back: attribution.fell_back,
+        failed_attempts: failed_attempts_json(&attribution.failed_attempts),
         ..base
     }
+}
+
+/// The request log's `failed_attempts`: `None` when nothing failed.
+fn failed_attempts_json(failed: &[crate::routing::dispatch::FailedAttempt]) -> Option<String> {
+    (!failed.is_empty())
+        .then(|| serde_json::to_string(failed).ok())
+        .flatten()
 }
 
 fn log_request(

@@ -35,6 +35,9 @@ pub struct ApiLogRow {
     pub prompt_tokens: Option<i32>,
     pub completion_tokens: Option<i32>,
     pub error: Option<String>,
+    /// The attempts that failed before the one that answered (or all of them), as a JSON array
+    /// of `{provider, endpoint_id, error_type, error}`.
+    pub failed_attempts: Option<String>,
 }
 
 /// The sending side, cheap to clone into request handlers.
@@ -141,7 +144,8 @@ macro_rules! insert_rows {
                     .push_bind(r.latency_ms)
                     .push_bind(r.prompt_tokens)
                     .push_bind(r.completion_tokens)
-                    .push_bind(&r.error);
+                    .push_bind(&r.error)
+                    .push_bind(&r.failed_attempts);
             });
             qb.build().execute(&mut *tx).await?;
         }
@@ -149,7 +153,7 @@ macro_rules! insert_rows {
     }};
 }
 
-const COLUMNS: &str = "INSERT INTO api_logs (created_at_ms, route, consumer, model, endpoint_id, attempts, fell_back, status, ttft_ms, latency_ms, prompt_tokens, completion_tokens, error) ";
+const COLUMNS: &str = "INSERT INTO api_logs (created_at_ms, route, consumer, model, endpoint_id, attempts, fell_back, status, ttft_ms, latency_ms, prompt_tokens, completion_tokens, error, failed_attempts) ";
 
 /// Writes `rows` in one transaction.
 async fn write(store: &Store, rows: &[ApiLogRow]) -> Result<(), sqlx::Error> {

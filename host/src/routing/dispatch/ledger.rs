@@ -198,6 +198,22 @@ impl AttemptSink for AttemptLedger {
                 }
                 tracing::debug!(endpoint = %endpoint_id, "attempt failed: {e}");
             }
+            // Health heard a success at the first token; a deadline that ran out (or an
+            // oversized event) after it is still the endpoint's failure. A connection that broke
+            // mid-stream is not charged again.
+            Err(
+                e @ (AttemptError::IdleTimeout(_)
+                | AttemptError::TotalTimeout(_)
+                | AttemptError::ResponseTooLarge { .. }),
+            ) => {
+                ctx.health.record(
+                    endpoint_id,
+                    Ticket::Normal,
+                    Outcome::Failure,
+                    Some(&e.to_string()),
+                );
+                tracing::debug!(endpoint = %endpoint_id, "stream failed: {e}");
+            }
             Err(_) => {}
         }
         if let Some(strategy_metadata) = strategy_metadata {

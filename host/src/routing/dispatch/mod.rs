@@ -91,7 +91,7 @@ pub enum Answer {
         prompt_tokens: u32,
         completion_tokens: u32,
     },
-    /// An SSE stream, already past its first event; `summary` resolves when it ends.
+    /// An SSE stream, already past its first content; `summary` resolves when it ends.
     Stream {
         events: EventStream,
         attribution: Attribution,
