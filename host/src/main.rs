@@ -325,7 +325,7 @@ async fn check(config_path: &Path) -> anyhow::Result<()> {
                 r.index,
                 r.endpoint_id,
                 r.kind.as_str(),
-                r.base_url,
+                switchyard::upstream::redact::url(&r.base_url),
                 r.provider_model_id,
                 r.weight,
                 r.priority

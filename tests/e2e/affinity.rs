@@ -75,12 +75,7 @@ async fn put_weights(gw: &Gateway, weights: serde_json::Value) {
 }
 
 async fn deep(gw: &Gateway) -> serde_json::Value {
-    reqwest::get(gw.url("/health/deep"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
+    gw.deep(ADMIN).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

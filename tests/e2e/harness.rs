@@ -211,6 +211,23 @@ impl Gateway {
     }
 }
 
+impl Gateway {
+    /// `GET /health/deep` with the admin token (it is behind the admin rule unless
+    /// `routing.public_health_deep` is set); panics unless it answers 200.
+    pub async fn deep(&self, admin_token: &str) -> serde_json::Value {
+        let response = reqwest::Client::new()
+            .get(self.url("/health/deep"))
+            .bearer_auth(admin_token)
+            .send()
+            .await
+            .expect("gateway reachable");
+        let status = response.status().as_u16();
+        let text = response.text().await.expect("body");
+        assert_eq!(status, 200, "/health/deep answered {status}: {text}");
+        serde_json::from_str(&text).expect("/health/deep is JSON")
+    }
+}
+
 impl Drop for Gateway {
     fn drop(&mut self) {
         let _ = self.child.kill();

@@ -13,6 +13,7 @@ mod affinity;
 mod config_errors;
 mod health;
 mod hedging;
+mod isolation;
 mod key_pools;
 mod pipeline;
 mod proxy;

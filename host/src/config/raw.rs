@@ -129,6 +129,10 @@ pub struct RawRouting {
     /// Serve `GET /routing` without the admin token (it shows upstream hosts).
     #[serde(default)]
     pub public_routing_endpoint: bool,
+    /// Serve `GET /health/deep` without the admin token (it shows upstream ids, their last
+    /// errors and strategy paths). `/health` and `/health/ready` are always public.
+    #[serde(default)]
+    pub public_health_deep: bool,
     /// Deployment weight policy: local deployments share this fraction of traffic (models whose
     /// router is `fixed` only).
     pub local_fraction: Option<f64>,
@@ -203,6 +207,7 @@ impl Default for RawRouting {
         Self {
             default_router: default_router(),
             public_routing_endpoint: false,
+            public_health_deep: false,
             local_fraction: None,
             health_check: None,
             affinity: RawAffinity::default(),

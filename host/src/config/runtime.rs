@@ -53,6 +53,8 @@ pub struct StrategiesConfig {
 pub struct RoutingConfig {
     pub default_router: String,
     pub public_routing_endpoint: bool,
+    /// `GET /health/deep` without admin credentials.
+    pub public_health_deep: bool,
     pub local_fraction: Option<f64>,
     pub health_check: Option<HealthCheckConfig>,
     pub affinity: crate::routing::affinity::AffinityConfig,

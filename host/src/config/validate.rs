@@ -5,6 +5,8 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::time::Duration;
 
+use crate::entity::mask_url_password;
+
 use super::knobs::{affinity_and_prefill, health_config, key_pool_config, pick};
 use super::{
     Config, ConfigError, DEFAULT_GROUP, DatabaseModelsConfig, DefaultAuth, HealthCheckConfig,
@@ -99,12 +101,19 @@ pub(super) fn validate(
                     format!("must be a finite number >= 0, got {}", r.weight),
                 ));
             }
-            let url = url::Url::parse(r.base_url.trim())
-                .map_err(|e| invalid(rat("base_url"), format!("`{}`: {e}", r.base_url)))?;
+            let url = url::Url::parse(r.base_url.trim()).map_err(|e| {
+                invalid(
+                    rat("base_url"),
+                    format!("`{}`: {e}", mask_url_password(&r.base_url)),
+                )
+            })?;
             if url.scheme() != "http" && url.scheme() != "https" {
                 return Err(invalid(
                     rat("base_url"),
-                    format!("`{}`: only http and https are supported", r.base_url),
+                    format!(
+                        "`{}`: only http and https are supported",
+                        mask_url_password(&r.base_url)
+                    ),
                 ));
             }
             if let Some(p) = &r.pricing {
@@ -378,6 +387,7 @@ pub(super) fn validate(
         routing: RoutingConfig {
             default_router,
             public_routing_endpoint: raw.routing.public_routing_endpoint,
+            public_health_deep: raw.routing.public_health_deep,
             local_fraction: raw.routing.local_fraction,
             health_check,
             affinity,

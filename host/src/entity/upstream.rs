@@ -170,6 +170,8 @@ impl ProviderPatch {
 pub struct Upstream {
     pub id: String,
     pub provider_id: String,
+    /// Shown with its password masked (`https://user:***@host/v1`).
+    #[serde(serialize_with = "masked_url")]
     pub base_url: String,
     pub group: String,
     /// Higher is tried first.
@@ -512,4 +514,9 @@ pub struct KeyReservation {
     pub min_role: Role,
     pub created_at: i64,
     pub updated_at: i64,
+}
+
+/// A URL serialised with its password masked.
+fn masked_url<S: serde::Serializer>(url: &str, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&super::mask_url_password(url))
 }

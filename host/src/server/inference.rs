@@ -68,16 +68,17 @@ pub async fn handle(
 ) -> Response {
     let (parts, body) = request.into_parts();
     let routes = gateway.inbound_routes();
-    let (route, endpoint) = match routes.lookup(parts.uri.path()) {
-        RouteMatch::Route { route, path } => match Endpoint::of(path) {
+    let path = parts.uri.path();
+    let (route, endpoint) = match routes.lookup(path) {
+        RouteMatch::Route { route, path: rest } => match Endpoint::of(rest) {
             Some(endpoint) => (route, endpoint),
-            None => return GatewayError::NotFound(parts.uri.path().to_owned()).into_response(),
+            None => return GatewayError::NotFound(path.to_owned()).response_in(dialect_of(path)),
         },
         RouteMatch::Disabled(route) => {
-            return GatewayError::RouteDisabled(route.name.clone()).into_response();
+            return GatewayError::RouteDisabled(route.name.clone()).response_in(dialect_of(path));
         }
         RouteMatch::None => {
-            return GatewayError::NotFound(parts.uri.path().to_owned()).into_response();
+            return GatewayError::NotFound(path.to_owned()).response_in(dialect_of(path));
         }
     };
     let dialect = match endpoint {
@@ -135,6 +136,20 @@ pub async fn handle(
         Endpoint::Models => Ok(super::list_models(&gateway, &admission.principal).into_response()),
     };
     served.unwrap_or_else(|e| e.response_in(dialect))
+}
+
+/// The dialect a path's client speaks before an endpoint is known: a path with a `messages`
+/// segment is an Anthropic client's (a disabled route or a typo under `/v1/messages` still answers
+/// in Anthropic's error shape), one with `responses` a Responses client's, any other OpenAI's.
+fn dialect_of(path: &str) -> Dialect {
+    let mut segments = path.split('/');
+    if segments.clone().any(|s| s == "messages") {
+        Dialect::AnthropicMessages
+    } else if segments.any(|s| s == "responses") {
+        Dialect::OpenAiResponses
+    } else {
+        Dialect::OpenAiChat
+    }
 }
 
 fn capability(dialect: Dialect) -> Capability {

@@ -25,6 +25,7 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
     // come first.
     Router::new()
         .route("/health", get(health))
+        .route("/health/ready", get(ready))
         .merge(crate::admin::router())
         .fallback(inference::handle)
         .with_state(gateway)
@@ -35,6 +36,47 @@ async fn health(State(gateway): State<Arc<Gateway>>) -> Json<serde_json::Value> 
         "status": "ok",
         "routes_configured": gateway.table().upstreams_configured(),
     }))
+}
+
+/// `GET /health/ready`: whether this process can serve inference now, for load balancers: 200
+/// `ready` when at least one published model has an upstream it would try (weight above 0,
+/// circuit not open), else 503 `not_ready`. Counts only: no endpoint ids, URLs or errors (those
+/// are in `/health/deep`, behind the admin token).
+async fn ready(State(gateway): State<Arc<Gateway>>) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let table = gateway.table();
+    let health = &gateway.routing.health;
+    let now = Instant::now();
+    let (mut models, mut models_ready) = (0usize, 0usize);
+    let mut endpoints = std::collections::HashSet::new();
+    let mut open = std::collections::HashSet::new();
+    for model in table.models().filter(|m| m.config.published) {
+        models += 1;
+        let mut serves = false;
+        for upstream in model.upstreams() {
+            endpoints.insert(upstream.endpoint_id.as_str());
+            if health.admits(&upstream.endpoint_id, now).is_none() {
+                open.insert(upstream.endpoint_id.as_str());
+            } else if upstream.weight > 0.0 {
+                serves = true;
+            }
+        }
+        models_ready += usize::from(serves);
+    }
+    let is_ready = models_ready > 0;
+    let status = if is_ready {
+        axum::http::StatusCode::OK
+    } else {
+        axum::http::StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = serde_json::json!({
+        "status": if is_ready { "ready" } else { "not_ready" },
+        "models": models,
+        "models_ready": models_ready,
+        "endpoints": endpoints.len(),
+        "endpoints_circuit_open": open.len(),
+    });
+    (status, Json(body)).into_response()
 }
 
 /// `GET /v1/models`: every model the caller can reach under its route's groups, with aliases,

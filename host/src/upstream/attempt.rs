@@ -12,7 +12,11 @@ use crate::protocol::ir;
 use crate::protocol::rename::ModelRename;
 use crate::protocol::{Dialect, sse};
 
+<<<<<<< HEAD
 use super::client::describe;
+=======
+use super::redact::Redactor;
+>>>>>>> r15-isolation
 use super::relay::{EventStream, StreamRelay, StreamSummary};
 use super::request::{chat_body, embeddings_body, endpoint, upstream_dialect};
 use super::{AttemptError, UpstreamClient};
@@ -95,8 +99,19 @@ impl<'a> Attempt<'a> {
         });
     }
 
-    /// Reports `e` as the attempt's end and hands it back.
+    /// Masks the credentials this attempt sent (and anything credential-shaped) in upstream text.
+    fn redactor(&self) -> Redactor {
+        Redactor::new(
+            self.credential
+                .into_iter()
+                .chain(self.upstream.api_key.as_deref()),
+        )
+    }
+
+    /// Reports `e` as the attempt's end and hands it back, with its upstream text redacted: this
+    /// is where an error leaves the attempt for the client, health, logs and `api_logs`.
     fn failed(&self, sink: &mut impl AttemptSink, e: AttemptError) -> AttemptError {
+        let e = self.redactor().error(e);
         sink.end(AttemptEnd {
             outcome: Err(&e),
             status: e.status(),
@@ -209,6 +224,7 @@ impl<'a> Attempt<'a> {
             self.started,
             deadlines,
             sink,
+            self.redactor(),
         );
         relay.open(self.client.max_body_bytes).await?;
         Ok(ChatAnswer::Stream {

@@ -24,6 +24,7 @@ use crate::protocol::rename::ModelRename;
 use crate::protocol::sse::{self, SseEvent};
 use crate::protocol::{Decoder, Dialect, Encoder};
 
+use super::redact::Redactor;
 use super::{AttemptEnd, AttemptError, AttemptSink};
 
 pub type EventStream = Pin<Box<dyn Stream<Item = Bytes> + Send>>;
@@ -76,6 +77,8 @@ pub(super) struct StreamRelay<S: AttemptSink> {
     summary: Option<tokio::sync::oneshot::Sender<StreamSummary>>,
     /// Dropped with the relay; told nothing more if the client leaves first.
     sink: S,
+    /// Masks credentials in the upstream's error events and in what a broken stream says.
+    redactor: Redactor,
 }
 
 impl<S: AttemptSink> StreamRelay<S> {
@@ -87,6 +90,7 @@ impl<S: AttemptSink> StreamRelay<S> {
         started: Instant,
         deadlines: StreamDeadlines,
         sink: S,
+        redactor: Redactor,
     ) -> (Self, tokio::sync::oneshot::Receiver<StreamSummary>) {
         let (summary_tx, summary) = tokio::sync::oneshot::channel();
         let relay = StreamRelay {
@@ -113,6 +117,7 @@ impl<S: AttemptSink> StreamRelay<S> {
             finished: false,
             summary: Some(summary_tx),
             sink,
+            redactor,
         };
         (relay, summary)
     }
@@ -209,7 +214,16 @@ impl<S: AttemptSink> StreamRelay<S> {
             self.pending.push_back(frame);
             return;
         }
-        let decoded = self.decoder.decode(&event.event, &event.data);
+        let mut decoded = self.decoder.decode(&event.event, &event.data);
+        let mut event = event;
+        if let Some(StreamEvent::Error { message, .. }) = decoded
+            .iter_mut()
+            .find(|e| matches!(e, StreamEvent::Error { .. }))
+        {
+            // An error event is upstream text on its way to the client and the request log.
+            *message = self.redactor.text(message);
+            event.data = self.redactor.text(&event.data);
+        }
         self.account(&decoded);
         match &mut self.encoder {
             Some(encoder) => self.pending.extend(encoder.encode_all(&decoded)),
@@ -377,8 +391,8 @@ impl<S: AttemptSink> Stream for StreamRelay<S> {
                 }
                 Poll::Ready(Some(Err(e))) => {
                     // Bytes already reached the client: end with an error event, never fall back.
-                    tracing::warn!("upstream stream broke after its commit point: {e}");
-                    let message = format!("upstream stream failed: {e}");
+                    let message = self.redactor.text(&format!("upstream stream failed: {e}"));
+                    tracing::warn!("upstream stream broke after its commit point: {message}");
                     let failure = match e {
                         AttemptError::Transport(_) => AttemptError::StreamFailed(message.clone()),
                         other => other,

@@ -58,7 +58,7 @@ impl Attribution {
     fn new(upstream: &ModelUpstream, failed: Vec<FailedAttempt>) -> Self {
         Self {
             provider: upstream.kind.as_str().to_owned(),
-            base_url: upstream.base_url.clone(),
+            base_url: crate::upstream::redact::url(&upstream.base_url).into_owned(),
             endpoint_id: upstream.endpoint_id.clone(),
             fell_back: !failed.is_empty(),
             failed_attempts: failed,
