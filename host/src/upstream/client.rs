@@ -182,8 +182,15 @@ async fn read_limited(
             None if joined.is_empty() => first = Some(chunk),
             held => {
                 if let Some(held) = held {
-                    joined.reserve((declared as usize).clamp(held.len(), limit));
+                    joined.reserve_exact((declared as usize).clamp(held.len(), limit));
                     joined.extend_from_slice(&held);
+                }
+                // Doubling, but never past the limit: a body just under 64 MiB must not cost a
+                // 128 MiB buffer.
+                let needed = joined.len() + chunk.len();
+                if needed > joined.capacity() {
+                    let grown = (joined.capacity() * 2).clamp(needed, limit.max(needed));
+                    joined.reserve_exact(grown - joined.len());
                 }
                 joined.extend_from_slice(&chunk);
             }
