@@ -13,6 +13,7 @@ use super::auth::authorize;
 use super::error::ApiError;
 use crate::gateway::Gateway;
 use crate::routing::health::CircuitState;
+use crate::store::health::DatabaseHealth;
 use crate::strategy::CatalogEntry;
 
 /// `GET /routing`: every published model's effective weights and where each route stands.
@@ -124,13 +125,12 @@ pub async fn health_deep(State(gateway): State<Arc<Gateway>>) -> Json<serde_json
         })
         .collect();
     let endpoints = gateway.routing.health.report();
-    let degraded = endpoints.iter().any(|e| !e.healthy);
-    let api_log = gateway.api_log.as_ref().map(|l| {
-        serde_json::json!({
-            "dropped_rows": l.dropped.load(Ordering::Relaxed),
-            "failed_rows": l.write_errors.load(Ordering::Relaxed),
-        })
-    });
+    let database = gateway
+        .store
+        .as_ref()
+        .map(|s| DatabaseHealth::gather(s, gateway.api_log.as_ref()));
+    let degraded =
+        endpoints.iter().any(|e| !e.healthy) || database.as_ref().is_some_and(|d| d.failing());
     let prefill: serde_json::Map<String, serde_json::Value> = gateway
         .routing
         .prefill
@@ -151,9 +151,7 @@ pub async fn health_deep(State(gateway): State<Arc<Gateway>>) -> Json<serde_json
         "endpoints": endpoints,
         "strategies": strategies,
         "routers": routers,
-        "database": gateway.store.as_ref().map(|s| s.backend()),
-        "database_sync": gateway.store.as_ref().map(|s| s.snapshots().status()),
-        "api_logs": api_log,
+        "database": database,
     });
     // The extension's sections (RouteWise: `quota`, `routewise`).
     for (key, section) in gateway.extension.health() {
