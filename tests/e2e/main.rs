@@ -11,10 +11,12 @@ mod harness;
 
 mod affinity;
 mod config_errors;
+mod database_health;
 mod health;
 mod hedging;
 mod key_pools;
 mod pipeline;
+mod plugins;
 mod proxy;
 mod quota;
 mod routes;
