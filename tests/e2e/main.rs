@@ -11,11 +11,13 @@ mod harness;
 
 mod affinity;
 mod config_errors;
+mod database_health;
 mod health;
 mod hedging;
 mod isolation;
 mod key_pools;
 mod pipeline;
+mod plugins;
 mod proxy;
 mod quota;
 mod routes;

@@ -16,6 +16,7 @@ use super::error::ApiError;
 use crate::config::ModelUpstream;
 use crate::gateway::Gateway;
 use crate::routing::health::CircuitState;
+use crate::store::health::DatabaseHealth;
 use crate::strategy::CatalogEntry;
 use crate::upstream::redact;
 
@@ -183,13 +184,12 @@ pub async fn health_deep(
         })
         .collect();
     let endpoints = gateway.routing.health.report();
-    let degraded = endpoints.iter().any(|e| !e.healthy);
-    let api_log = gateway.api_log.as_ref().map(|l| {
-        serde_json::json!({
-            "dropped_rows": l.dropped.load(Ordering::Relaxed),
-            "failed_rows": l.write_errors.load(Ordering::Relaxed),
-        })
-    });
+    let database = gateway
+        .store
+        .as_ref()
+        .map(|s| DatabaseHealth::gather(s, gateway.api_log.as_ref()));
+    let degraded =
+        endpoints.iter().any(|e| !e.healthy) || database.as_ref().is_some_and(|d| d.failing());
     let prefill: serde_json::Map<String, serde_json::Value> = gateway
         .routing
         .prefill
@@ -210,9 +210,7 @@ pub async fn health_deep(
         "endpoints": endpoints,
         "strategies": strategies,
         "routers": routers,
-        "database": gateway.store.as_ref().map(|s| s.backend()),
-        "database_sync": gateway.store.as_ref().map(|s| s.snapshots().status()),
-        "api_logs": api_log,
+        "database": database,
     });
     // The extension's sections (RouteWise: `quota`, `routewise`).
     for (key, section) in gateway.extension.health() {

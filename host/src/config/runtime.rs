@@ -19,6 +19,8 @@ pub struct Config {
     pub models: Vec<ModelConfig>,
     /// Inbound routes declared in the file, validated like the database's (ids `yaml:NAME`).
     pub routes: Vec<crate::entity::Route>,
+    /// The file's text, to give later errors (a model's strategy) the line of their key.
+    pub lines: super::KeyLines,
 }
 
 #[derive(Debug, Clone)]

@@ -10,17 +10,31 @@ use crate::entity::mask_url_password;
 use super::knobs::{affinity_and_prefill, health_config, key_pool_config, pick};
 use super::{
     Config, ConfigError, DEFAULT_GROUP, DatabaseModelsConfig, DefaultAuth, HealthCheckConfig,
-    ModelConfig, ModelUpstream, PoolKey, RoutingConfig, ServerConfig, StrategiesConfig,
-    UpstreamClientConfig, endpoint_id, raw,
+    KeyLines, ModelConfig, ModelUpstream, PoolKey, RoutingConfig, ServerConfig, StrategiesConfig,
+    UpstreamClientConfig, endpoint_id, interpolate, raw,
 };
 
-pub(super) fn parse(path: &Path, text: &str) -> Result<raw::RawConfig, ConfigError> {
+/// Parses `text` strictly, interpolating `${VAR}` from `env` into scalar values as they are read.
+pub(super) fn parse(
+    path: &Path,
+    text: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<raw::RawConfig, ConfigError> {
     // An empty file is a valid (if useless) config.
     let text = if text.trim().is_empty() { "{}" } else { text };
-    let deserializer = serde_norway::Deserializer::from_str(text);
+    let cx = interpolate::Context::new(env);
+    let deserializer =
+        interpolate::Interpolating::new(serde_norway::Deserializer::from_str(text), &cx);
     serde_path_to_error::deserialize(deserializer).map_err(|err| {
         let key_path = err.path().to_string();
         let inner = err.into_inner();
+        if let (Some(var), Some(l)) = (cx.missing_variable(), inner.location()) {
+            return ConfigError::MissingVariable {
+                file: path.to_owned(),
+                line: l.line(),
+                var,
+            };
+        }
         let location = inner
             .location()
             .map(|l| format!(":{}:{}", l.line(), l.column()))
@@ -47,9 +61,11 @@ pub(super) fn validate(
     path: &Path,
     raw: raw::RawConfig,
     env: &dyn Fn(&str) -> Option<String>,
+    lines: KeyLines,
 ) -> Result<Config, ConfigError> {
     let invalid = |key: String, message: String| ConfigError::Invalid {
         file: path.to_owned(),
+        location: String::new(),
         path: key,
         message,
     };
@@ -156,15 +172,29 @@ pub(super) fn validate(
             let declared = r
                 .api_key
                 .iter()
-                .map(|k| (k.clone(), Default::default()))
-                .chain(r.api_keys.iter().map(|k| match k {
-                    raw::RawKey::Plain(k) => (k.clone(), Default::default()),
-                    raw::RawKey::Reserved(k) => (k.key.clone(), k.min_role),
+                .map(|k| ("api_key".to_owned(), k.clone(), Default::default()))
+                .chain(r.api_keys.iter().enumerate().map(|(i, k)| match k {
+                    raw::RawKey::Plain(k) => {
+                        (format!("api_keys[{i}]"), k.clone(), Default::default())
+                    }
+                    raw::RawKey::Reserved(k) => {
+                        (format!("api_keys[{i}].key"), k.key.clone(), k.min_role)
+                    }
                 }));
-            for (key, role) in declared {
+            for (field, key, role) in declared {
                 let key = key.trim().to_owned();
                 if key.is_empty() {
                     continue;
+                }
+                if let Some(bad) = control_char(&key) {
+                    return Err(invalid(
+                        rat(&field),
+                        format!(
+                            "contains the control character {bad:?}; a key is sent in an HTTP \
+                             header, where it would fail every request (check the variable or \
+                             file it comes from)"
+                        ),
+                    ));
                 }
                 match keys.iter_mut().find(|(k, _)| *k == key) {
                     Some((_, strictest)) => *strictest = (*strictest).max(role),
@@ -339,11 +369,51 @@ pub(super) fn validate(
             router_params,
         }
     };
-    let admin_token = env("SWITCHYARD_ADMIN_TOKEN")
-        .or(raw.server.admin_token)
-        .filter(|t| !t.trim().is_empty());
+    let admin_token = match env("SWITCHYARD_ADMIN_TOKEN") {
+        Some(t) => Some(("environment variable SWITCHYARD_ADMIN_TOKEN", t)),
+        None => raw.server.admin_token.map(|t| ("server.admin_token", t)),
+    }
+    .filter(|(_, t)| !t.trim().is_empty());
+    if let Some((key, token)) = &admin_token
+        && let Some(bad) = control_char(token.trim())
+    {
+        return Err(invalid(
+            (*key).to_owned(),
+            format!(
+                "contains the control character {bad:?}; a bearer token in an HTTP header \
+                 cannot hold one, so no request could ever present it"
+            ),
+        ));
+    }
+    let admin_token = admin_token.map(|(_, t)| t);
+    if let Err(message) = check_listen(&raw.server.listen) {
+        return Err(invalid("server.listen".into(), message));
+    }
     let s = raw.strategies;
     let u = raw.upstream;
+    // A zero timeout does not mean "none": it fails every request (or every health check).
+    for (key, value) in [
+        ("upstream.connect_timeout_ms", u.connect_timeout_ms),
+        (
+            "upstream.first_byte_timeout_seconds",
+            u.first_byte_timeout_seconds,
+        ),
+        (
+            "upstream.request_timeout_seconds",
+            u.request_timeout_seconds,
+        ),
+        (
+            "routing.health_check.timeout_ms",
+            raw.routing.health_check.as_ref().and_then(|h| h.timeout_ms),
+        ),
+    ] {
+        if value == Some(0) {
+            return Err(invalid(
+                key.to_owned(),
+                "must be greater than 0 (0 would fail every request at once)".into(),
+            ));
+        }
+    }
     let upstream_seconds = |value: Option<f64>, key: &str, default: u64| {
         seconds(value)
             .map(|d| d.unwrap_or(Duration::from_secs(default)))
@@ -408,7 +478,33 @@ pub(super) fn validate(
         },
         models,
         routes,
+        lines,
     })
+}
+
+/// The first control character in `value` (CR, LF, NUL, TAB, DEL…), if any.
+fn control_char(value: &str) -> Option<char> {
+    value.chars().find(|c| c.is_control())
+}
+
+/// `listen` must be `IP:PORT` or `HOST:PORT` (a host name is resolved when binding).
+fn check_listen(listen: &str) -> Result<(), String> {
+    if listen.parse::<std::net::SocketAddr>().is_ok() {
+        return Ok(());
+    }
+    let hint = "expected a socket address such as 127.0.0.1:8080, [::1]:8080 or localhost:8080";
+    let Some((host, port)) = listen.rsplit_once(':') else {
+        return Err(format!("`{listen}` is not a socket address: {hint}"));
+    };
+    let host_ok = !host.is_empty()
+        && host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.');
+    if host_ok && port.parse::<u16>().is_ok() {
+        Ok(())
+    } else {
+        Err(format!("`{listen}` is not a socket address: {hint}"))
+    }
 }
 
 /// A number of seconds from the config: `None` stays `None`; it must be finite and above 0.

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
+use super::health::{RequestLogHealth, SharedTaskHealth};
 use super::{Pool, Store};
 
 /// Rows waiting to be written before new ones are dropped.
@@ -46,6 +47,8 @@ pub struct ApiLog {
     tx: mpsc::Sender<ApiLogRow>,
     pub dropped: Arc<AtomicU64>,
     pub write_errors: Arc<AtomicU64>,
+    /// The batch writes: last success, failures since, last error.
+    writes: SharedTaskHealth,
 }
 
 impl ApiLog {
@@ -53,11 +56,22 @@ impl ApiLog {
     pub fn start(store: Store) -> ApiLog {
         let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
         let write_errors = Arc::new(AtomicU64::new(0));
-        tokio::spawn(writer(store, rx, write_errors.clone()));
+        let writes = SharedTaskHealth::default();
+        tokio::spawn(writer(store, rx, write_errors.clone(), writes.clone()));
         ApiLog {
             tx,
             dropped: Arc::new(AtomicU64::new(0)),
             write_errors,
+            writes,
+        }
+    }
+
+    /// The writer's state, for `/health/deep`.
+    pub fn health(&self) -> RequestLogHealth {
+        RequestLogHealth {
+            dropped_rows: self.dropped.load(Ordering::Relaxed),
+            failed_rows: self.write_errors.load(Ordering::Relaxed),
+            writes: self.writes.get(),
         }
     }
 
@@ -71,7 +85,12 @@ impl ApiLog {
 
 /// Wakes on a timer and drains whatever queued since, rather than on every row: waking per row
 /// cost a context switch per request and wrote tiny batches (found by profiling under load).
-async fn writer(store: Store, mut rx: mpsc::Receiver<ApiLogRow>, errors: Arc<AtomicU64>) {
+async fn writer(
+    store: Store,
+    mut rx: mpsc::Receiver<ApiLogRow>,
+    errors: Arc<AtomicU64>,
+    writes: SharedTaskHealth,
+) {
     let mut batch = Vec::with_capacity(BATCH);
     let mut timer = tokio::time::interval(FLUSH_EVERY);
     timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -88,23 +107,32 @@ async fn writer(store: Store, mut rx: mpsc::Receiver<ApiLogRow>, errors: Arc<Ato
                 }
             }
             if batch.len() == BATCH {
-                flush(&store, &mut batch, &errors).await;
+                flush(&store, &mut batch, &errors, &writes).await;
             }
         }
-        flush(&store, &mut batch, &errors).await;
+        flush(&store, &mut batch, &errors, &writes).await;
         if closed {
             return;
         }
     }
 }
 
-async fn flush(store: &Store, batch: &mut Vec<ApiLogRow>, errors: &AtomicU64) {
+async fn flush(
+    store: &Store,
+    batch: &mut Vec<ApiLogRow>,
+    errors: &AtomicU64,
+    writes: &SharedTaskHealth,
+) {
     if batch.is_empty() {
         return;
     }
-    if let Err(e) = write(store, batch).await {
-        errors.fetch_add(batch.len() as u64, Ordering::Relaxed);
-        tracing::warn!("api_logs: {} rows not written: {e}", batch.len());
+    match write(store, batch).await {
+        Ok(()) => writes.succeeded(),
+        Err(e) => {
+            errors.fetch_add(batch.len() as u64, Ordering::Relaxed);
+            tracing::warn!("api_logs: {} rows not written: {e}", batch.len());
+            writes.failed(format!("{} rows not written: {e}", batch.len()));
+        }
     }
     batch.clear();
 }
