@@ -12,11 +12,8 @@ use crate::protocol::ir;
 use crate::protocol::rename::ModelRename;
 use crate::protocol::{Dialect, sse};
 
-<<<<<<< HEAD
 use super::client::describe;
-=======
 use super::redact::Redactor;
->>>>>>> r15-isolation
 use super::relay::{EventStream, StreamRelay, StreamSummary};
 use super::request::{chat_body, embeddings_body, endpoint, upstream_dialect};
 use super::{AttemptError, UpstreamClient};
