@@ -11,6 +11,7 @@ mod harness;
 
 mod affinity;
 mod config_errors;
+mod edge;
 mod health;
 mod hedging;
 mod key_pools;

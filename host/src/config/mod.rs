@@ -22,8 +22,8 @@ use std::path::{Path, PathBuf};
 pub use endpoint_id::{endpoint_id, is_loopback};
 pub use raw::{Capability, DefaultAuth, ProviderKind};
 pub use runtime::{
-    Config, DatabaseModelsConfig, HealthCheckConfig, ModelConfig, ModelUpstream, PoolKey,
-    RoutingConfig, ServerConfig, StrategiesConfig, UpstreamClientConfig,
+    Config, DatabaseModelsConfig, EdgeConfig, HealthCheckConfig, ModelConfig, ModelUpstream,
+    PoolKey, RoutingConfig, ServerConfig, StrategiesConfig, UpstreamClientConfig,
 };
 
 /// A config that could not be loaded. The message always names the file.
