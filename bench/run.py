@@ -13,7 +13,9 @@ It measures, in one run:
     load without it, for the CPU per relayed stream;
   * time to first byte of a stream (sequential requests), gateway and nginx against direct;
   * memory: the gateway's RSS idle with 20 models per strategy, after the load, and while holding
-    10,000 idle streams from a mock that trickles its tokens.
+    10,000 idle streams from a mock that trickles its tokens;
+  * the gateway's CPU seconds over 30 s while 10,000 idle keep-alive client connections are open,
+    beside the same window without them (`--idle-connections [BINARY]` measures only this).
 Writes bench/results/latest.json and latest.md, prints the tables and, on a full run, replaces the
 table between the `bench:start` / `bench:end` markers in README.md.
 
@@ -45,7 +47,11 @@ CONCURRENCY = [1, 32, 256]
 TTFB_REQUESTS = 200 if QUICK else 1000
 IDLE_STREAMS = 10_000
 COMPLETION_TOKENS = 16
-PORTS = {"mock": 19101, "nginx": 19102, "switchyard": 19103, "slow_mock": 19104, "switchyard_per_core": 19105}
+PORTS = {"mock": 19101, "nginx": 19102, "switchyard": 19103, "slow_mock": 19104, "switchyard_per_core": 19105,
+         "switchyard_idle": 19106}
+# The CPU cost of idle client connections (issue #15): keep-alive connections after one request.
+IDLE_CONNECTIONS = 10_000
+IDLE_WINDOW_S = 10 if QUICK else 30
 # The gateway serves with one thread, as nginx below runs one worker process: the hop is compared
 # with the same share of the machine. A second gateway with the default (one thread per core) is
 # measured too, non-streaming, so the table shows what the default costs here.
@@ -249,6 +255,78 @@ async def hold_streams(port, path, payload, n, gateway_pid, settle_s):
             "open_s": open_s, "rss_mib": rss}
 
 
+async def hold_idle_connections(port, n, window_s, gateway_pid):
+    """Opens `n` keep-alive connections, each after one `GET /health`, leaves them idle and returns
+    the gateway's CPU seconds over `window_s` while they stay open, with how many stayed open."""
+    request = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    writers = []
+    failures = []
+    gate = asyncio.Semaphore(256)
+
+    async def one():
+        async with gate:
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(request)
+                await writer.drain()
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+                length = int(re.search(rb"content-length: (\d+)", head, re.I).group(1))
+                await asyncio.wait_for(reader.readexactly(length), 30)
+                if not head.startswith(b"HTTP/1.1 200"):
+                    raise RuntimeError(head.split(b"\r\n", 1)[0].decode())
+                writers.append((reader, writer))
+            except Exception as e:  # noqa: BLE001 - reported as a count
+                failures.append(repr(e))
+
+    await asyncio.gather(*(one() for _ in range(n)))
+    await asyncio.sleep(1)
+    before = cpu_seconds(gateway_pid)
+    await asyncio.sleep(window_s)
+    cpu = cpu_seconds(gateway_pid) - before
+    still_open = sum(1 for r, _ in writers if not r.at_eof())
+    for _, w in writers:
+        w.close()
+    return {"connections": len(writers), "failed": len(failures),
+            "first_failure": failures[0] if failures else None, "still_open": still_open, "cpu_s": cpu}
+
+
+def idle_connection_cost(binary, env, work, n=IDLE_CONNECTIONS, window_s=IDLE_WINDOW_S):
+    """The gateway's CPU seconds over `window_s` with no client, then while `n` idle keep-alive
+    connections are open. The gateway gets a header timeout longer than the window (where its
+    config knows the key) so the connections stay open for the whole measurement."""
+    port = PORTS["switchyard_idle"]
+    config = work / "idle.yaml"
+    base = f"database:\n  url: sqlite://{work}/idle.db\n"
+    limits = ("server:\n  header_read_timeout_seconds: 600\n"
+              f"  max_connections: {n + 1000}\n")
+    config.write_text(base + limits)
+    if subprocess.run([binary, "check", "--config", str(config)], capture_output=True, env=env).returncode != 0:
+        limits = ""  # a binary without these keys (before issue #15): nothing times out
+        config.write_text(base)
+    gw = subprocess.Popen([binary, "serve", "--config", str(config), "--listen", f"127.0.0.1:{port}"],
+                          stdout=subprocess.DEVNULL, env=env)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health")
+        time.sleep(1)
+        before = cpu_seconds(gw.pid)
+        time.sleep(window_s)
+        none = cpu_seconds(gw.pid) - before
+        held = asyncio.run(hold_idle_connections(port, n, window_s, gw.pid))
+        rss = rss_mib(gw.pid)
+    finally:
+        gw.send_signal(signal.SIGTERM)
+        try:
+            gw.wait(40)
+        except subprocess.TimeoutExpired:
+            gw.kill()
+    result = {"binary": str(binary), "window_s": window_s, "cpu_s_no_connections": none,
+              "cpu_s_idle_connections": held["cpu_s"], "rss_mib": rss, "limits_configured": bool(limits), **held}
+    print(f"idle connections: {held['connections']} open ({held['failed']} failed, {held['still_open']} still open "
+          f"at the end): gateway CPU {held['cpu_s']:.3f} s over {window_s} s (without connections "
+          f"{none:.3f} s); RSS {rss:.1f} MiB", flush=True)
+    return result
+
+
 def nginx_config(work):
     return f"""
 worker_processes 1;
@@ -399,6 +477,7 @@ def main():
         held["rss_per_stream_kib"] = per_stream_mib * 1024
         held["rss_10k_mib"] = (held["rss_mib"] if held["streams"] >= IDLE_STREAMS
                                else rss_before_streams + per_stream_mib * IDLE_STREAMS)
+        extra["idle_connections"] = idle_connection_cost(binary, env, work, min(IDLE_CONNECTIONS, fd_limit - 1024))
         extra = {**extra, "rss_idle_mib": rss_idle, "rss_after_load_mib": rss_after, "models_loaded": models_loaded,
                  "ttfb": ttfb_results, "idle_streams": held, "rss_after_idle_streams_mib": rss_after_streams,
                  "events_per_stream": events, "fd_limit": fd_limit}
@@ -523,6 +602,11 @@ def render(results, extra, measured=None, machine_name=None):
               + (f"; {held['rss_10k_mib']:.1f} MiB scaled to {IDLE_STREAMS} — the fd limit here is "
                  f"{extra['fd_limit']} and cannot be raised" if held["streams"] < IDLE_STREAMS else "")
               + f"); {extra['rss_after_idle_streams_mib']:.1f} MiB after they closed."]
+    idle = extra.get("idle_connections")
+    if idle:
+        lines += ["", f"**Idle client connections**: gateway CPU {idle['cpu_s_idle_connections']:.3f} s over "
+                  f"{idle['window_s']} s holding {idle['connections']} idle keep-alive connections "
+                  f"({idle['cpu_s_no_connections']:.3f} s without any); RSS {idle['rss_mib']:.1f} MiB."]
     targets = check_targets(results, extra)
     names = {
         "cpu_us_per_request": ("CPU per proxied request, 32 clients", "≤ {t:.0f} µs", "{v:.1f} µs"),
@@ -577,8 +661,23 @@ def rerender():
         update_readme(report)
 
 
+def idle_only():
+    """`--idle-connections [BINARY]`: only the idle-connection measurement, for one binary (the
+    release build by default), e.g. to compare a branch with main's build."""
+    fd_limit = raise_fd_limit()
+    args = sys.argv[sys.argv.index("--idle-connections") + 1:]
+    binary = Path(args[0]) if args and not args[0].startswith("--") else build()
+    env = dict(os.environ, RUST_LOG="warn", SWITCHYARD_DEFAULT_AUTH="disabled",
+               SWITCHYARD_BUILTIN_STRATEGIES=str(target_dir() / "strategies"))
+    work = Path(tempfile.mkdtemp(prefix="switchyard-bench-idle-"))
+    result = idle_connection_cost(binary, env, work, min(IDLE_CONNECTIONS, fd_limit - 1024))
+    print(json.dumps(result, indent=2))
+
+
 if __name__ == "__main__":
     if "--rerender" in sys.argv:
         rerender()
+    elif "--idle-connections" in sys.argv:
+        idle_only()
     else:
         main()

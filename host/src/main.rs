@@ -216,6 +216,7 @@ fn load_config(path: &Path) -> anyhow::Result<Config> {
 
 async fn serve(config_path: &Path, listen: Option<String>) -> anyhow::Result<()> {
     let config = load_config(config_path)?;
+    let max_connections = client_connection_cap(&config.server.edge);
     // Stateful providers (routewise::quota): one process only, no quota-only model uncalibrated.
     quota::replica_guard(&config.models, &|var| std::env::var(var).ok())?;
     let routing = Routing::build(&config).await?;
@@ -264,25 +265,48 @@ async fn serve(config_path: &Path, listen: Option<String>) -> anyhow::Result<()>
         writeln!(out, "switchyard listening on http://{addr}")?;
         out.flush()?;
     }
-    let app = switchyard::server::router(gateway);
-    // Without TCP_NODELAY, the second small write of an SSE stream waits for the client's delayed
-    // ACK (~40 ms on Linux): streams crawled at ~700/s while the CPU idled (found by benchmark).
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!("TCP_NODELAY: {e}");
-        }
-    });
-    axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-    )
-    .with_graceful_shutdown(shutdown_signal())
-    .await
-    .context("server")
+    serve_until_drained(listener, gateway, max_connections).await;
+    Ok(())
 }
 
-/// Ctrl-C, or SIGTERM as sent by process supervisors and container runtimes: stop accepting and
-/// let in-flight requests finish.
+/// Raises the soft file limit to the hard one and derives the connection cap from it, before
+/// anything opens files.
+fn client_connection_cap(edge: &switchyard::config::EdgeConfig) -> usize {
+    use switchyard::server::listener;
+    let file_limit = listener::raise_file_limit();
+    let max_connections = listener::connection_cap(edge.max_connections, file_limit);
+    tracing::info!(
+        file_limit,
+        max_connections,
+        header_read_timeout_seconds = edge.header_read_timeout.as_secs_f64(),
+        request_body_timeout_seconds = edge.request_body_timeout.as_secs_f64(),
+        shutdown_grace_seconds = edge.shutdown_grace.as_secs_f64(),
+        "client connection limits"
+    );
+    max_connections
+}
+
+/// Serves until SIGTERM (or Ctrl-C) and the drain that follows are over.
+async fn serve_until_drained(
+    listener: tokio::net::TcpListener,
+    gateway: Arc<Gateway>,
+    max_connections: usize,
+) {
+    let edge = gateway.config.server.edge.clone();
+    let drain = gateway.drain.clone();
+    let app = switchyard::server::router(gateway);
+    switchyard::server::listener::serve(
+        listener,
+        app,
+        &edge,
+        max_connections,
+        drain,
+        shutdown_signal(),
+    )
+    .await;
+}
+
+/// Ctrl-C, or SIGTERM as sent by process supervisors and container runtimes.
 async fn shutdown_signal() {
     let terminate = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
@@ -296,7 +320,6 @@ async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {}
         _ = terminate => {}
     }
-    tracing::info!("shutting down");
 }
 
 async fn check(config_path: &Path) -> anyhow::Result<()> {

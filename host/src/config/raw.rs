@@ -46,6 +46,17 @@ pub struct RawServer {
     pub default_max_attempts: Option<i64>,
     /// Largest request body accepted, in MiB (default 32: room for base64 images).
     pub max_body_mib: Option<u64>,
+    /// Time a client has to send a request's head, counted from when its connection opened or
+    /// its previous response ended; so also how long an idle keep-alive connection stays open
+    /// (default 30).
+    pub header_read_timeout_seconds: Option<f64>,
+    /// Time a client has to send a whole request body once its head is in (default 60).
+    pub request_body_timeout_seconds: Option<f64>,
+    /// Client connections held at once; more are answered 503 and closed (default: derived from
+    /// the process's file limit).
+    pub max_connections: Option<u64>,
+    /// After SIGTERM, how long in-flight requests may run before they are ended (default 30).
+    pub shutdown_grace_seconds: Option<f64>,
 }
 
 /// How the implicit route authenticates callers.
@@ -79,6 +90,10 @@ impl Default for RawServer {
             default_auth: None,
             default_max_attempts: None,
             max_body_mib: None,
+            header_read_timeout_seconds: None,
+            request_body_timeout_seconds: None,
+            max_connections: None,
+            shutdown_grace_seconds: None,
         }
     }
 }

@@ -33,6 +33,33 @@ pub struct ServerConfig {
     /// `max_attempts` of the implicit route.
     pub default_max_attempts: usize,
     pub max_body_bytes: usize,
+    /// Client connections: head and body deadlines, the connection cap, the drain deadline.
+    pub edge: EdgeConfig,
+}
+
+/// Bounds on what a client connection may hold (`server.*` in the file).
+#[derive(Debug, Clone)]
+pub struct EdgeConfig {
+    /// The whole request head, from connection open or the end of the previous response (the
+    /// keep-alive idle time counts).
+    pub header_read_timeout: Duration,
+    /// The whole request body, from the end of its head.
+    pub request_body_timeout: Duration,
+    /// Connections held at once; `None` derives the cap from the process's file limit.
+    pub max_connections: Option<usize>,
+    /// From SIGTERM to the end of the requests still in flight.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for EdgeConfig {
+    fn default() -> Self {
+        Self {
+            header_read_timeout: Duration::from_secs(30),
+            request_body_timeout: Duration::from_secs(60),
+            max_connections: None,
+            shutdown_grace: Duration::from_secs(30),
+        }
+    }
 }
 
 /// The strategy of models that exist only in the database.

@@ -152,3 +152,33 @@ fn a_missing_variable_is_reported_at_its_line() {
         "test.yaml:3: environment variable NOPE is not set (write ${NOPE:-} to make it optional)"
     );
 }
+
+#[test]
+fn client_connection_bounds_have_defaults_and_name_their_key_when_invalid() {
+    let c = load("").unwrap();
+    assert_eq!(c.server.edge.header_read_timeout, Duration::from_secs(30));
+    assert_eq!(c.server.edge.request_body_timeout, Duration::from_secs(60));
+    assert_eq!(c.server.edge.shutdown_grace, Duration::from_secs(30));
+    assert_eq!(c.server.edge.max_connections, None);
+    let c = load(
+        "server:\n  header_read_timeout_seconds: 2.5\n  max_connections: 100\n  shutdown_grace_seconds: 5\n",
+    )
+    .unwrap();
+    assert_eq!(
+        c.server.edge.header_read_timeout,
+        Duration::from_millis(2500)
+    );
+    assert_eq!(c.server.edge.max_connections, Some(100));
+    assert_eq!(c.server.edge.shutdown_grace, Duration::from_secs(5));
+    let err = load("server:\n  request_body_timeout_seconds: 0\n")
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "test.yaml: server.request_body_timeout_seconds: must be a number of seconds above 0 and at most 86400, got 0"
+    );
+    let err = load("server:\n  max_connections: 0\n")
+        .unwrap_err()
+        .to_string();
+    assert_eq!(err, "test.yaml: server.max_connections: must be at least 1");
+}

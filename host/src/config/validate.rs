@@ -9,9 +9,9 @@ use crate::entity::mask_url_password;
 
 use super::knobs::{affinity_and_prefill, health_config, key_pool_config, pick};
 use super::{
-    Config, ConfigError, DEFAULT_GROUP, DatabaseModelsConfig, DefaultAuth, HealthCheckConfig,
-    KeyLines, ModelConfig, ModelUpstream, PoolKey, RoutingConfig, ServerConfig, StrategiesConfig,
-    UpstreamClientConfig, endpoint_id, interpolate, raw,
+    Config, ConfigError, DEFAULT_GROUP, DatabaseModelsConfig, DefaultAuth, EdgeConfig,
+    HealthCheckConfig, KeyLines, ModelConfig, ModelUpstream, PoolKey, RoutingConfig, ServerConfig,
+    StrategiesConfig, UpstreamClientConfig, endpoint_id, interpolate, raw,
 };
 
 /// Parses `text` strictly, interpolating `${VAR}` from `env` into scalar values as they are read.
@@ -369,6 +369,7 @@ pub(super) fn validate(
             router_params,
         }
     };
+    let edge = edge_config(&raw.server).map_err(|(key, message)| invalid(key, message))?;
     let admin_token = match env("SWITCHYARD_ADMIN_TOKEN") {
         Some(t) => Some(("environment variable SWITCHYARD_ADMIN_TOKEN", t)),
         None => raw.server.admin_token.map(|t| ("server.admin_token", t)),
@@ -442,6 +443,7 @@ pub(super) fn validate(
             default_auth,
             default_max_attempts: default_max_attempts as usize,
             max_body_bytes: (raw.server.max_body_mib.unwrap_or(32).max(1) as usize) << 20,
+            edge,
         },
         database_url: raw.database.url,
         strategies: StrategiesConfig {
@@ -514,4 +516,42 @@ fn seconds(value: Option<f64>) -> Result<Option<Duration>, String> {
         Some(v) if v.is_finite() && v > 0.0 => Ok(Some(Duration::from_secs_f64(v))),
         Some(v) => Err(format!("must be a number of seconds > 0, got {v}")),
     }
+}
+
+/// `server.*` bounds on client connections; an error names its key.
+fn edge_config(server: &raw::RawServer) -> Result<EdgeConfig, (String, String)> {
+    let d = EdgeConfig::default();
+    let seconds = |key: &str, value: Option<f64>, default: Duration| match value {
+        None => Ok(default),
+        Some(s) if s.is_finite() && s > 0.0 && s <= 86_400.0 => Ok(Duration::from_secs_f64(s)),
+        Some(s) => Err((
+            format!("server.{key}"),
+            format!("must be a number of seconds above 0 and at most 86400, got {s}"),
+        )),
+    };
+    let max_connections = match server.max_connections {
+        None => None,
+        Some(0) => {
+            return Err(("server.max_connections".into(), "must be at least 1".into()));
+        }
+        Some(n) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+    };
+    Ok(EdgeConfig {
+        header_read_timeout: seconds(
+            "header_read_timeout_seconds",
+            server.header_read_timeout_seconds,
+            d.header_read_timeout,
+        )?,
+        request_body_timeout: seconds(
+            "request_body_timeout_seconds",
+            server.request_body_timeout_seconds,
+            d.request_body_timeout,
+        )?,
+        max_connections,
+        shutdown_grace: seconds(
+            "shutdown_grace_seconds",
+            server.shutdown_grace_seconds,
+            d.shutdown_grace,
+        )?,
+    })
 }

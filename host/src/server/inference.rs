@@ -118,22 +118,30 @@ pub async fn handle(
         route_name: route.name.clone(),
     };
     drop(snapshot);
-    let limit = gateway.config.server.max_body_bytes;
-    let body = match axum::body::to_bytes(body, limit).await {
+    let body = match read_body(&gateway, body).await {
         Ok(b) => b,
-        Err(_) => return GatewayError::BodyTooLarge(limit >> 20).response_in(dialect),
+        Err(e) => return e.response_in(dialect),
     };
     let extensions = parts.extensions;
     let headers = parts.headers;
-    let served = match endpoint {
-        Endpoint::ChatCompletions | Endpoint::Responses | Endpoint::Messages => {
-            serve_chat(&gateway, dialect, &admission, &extensions, &headers, &body).await
+    let serve = async {
+        match endpoint {
+            Endpoint::ChatCompletions | Endpoint::Responses | Endpoint::Messages => {
+                serve_chat(&gateway, dialect, &admission, &extensions, &headers, &body).await
+            }
+            Endpoint::Embeddings => {
+                serve_embeddings(&gateway, &admission, &extensions, &headers, &body).await
+            }
+            Endpoint::CountTokens => count_tokens(&gateway, &admission, &body),
+            Endpoint::Models => {
+                Ok(super::list_models(&gateway, &admission.principal).into_response())
+            }
         }
-        Endpoint::Embeddings => {
-            serve_embeddings(&gateway, &admission, &extensions, &headers, &body).await
-        }
-        Endpoint::CountTokens => count_tokens(&gateway, &admission, &body),
-        Endpoint::Models => Ok(super::list_models(&gateway, &admission.principal).into_response()),
+    };
+    // Past the shutdown grace, a request still waiting for its upstream gets a 503 in its dialect.
+    let served = tokio::select! {
+        served = serve => served,
+        () = gateway.drain.closing() => Err(shutting_down(&gateway)),
     };
     served.unwrap_or_else(|e| e.response_in(dialect))
 }
@@ -149,6 +157,84 @@ fn dialect_of(path: &str) -> Dialect {
         Dialect::OpenAiResponses
     } else {
         Dialect::OpenAiChat
+    }
+}
+
+/// The whole body, within `server.max_body_mib` and `server.request_body_timeout_seconds`.
+pub(super) async fn read_body(gateway: &Gateway, body: Body) -> Result<bytes::Bytes, GatewayError> {
+    let server = &gateway.config.server;
+    let limit = server.max_body_bytes;
+    let within = server.edge.request_body_timeout;
+    match tokio::time::timeout(within, axum::body::to_bytes(body, limit)).await {
+        Ok(Ok(b)) => Ok(b),
+        Ok(Err(_)) => Err(GatewayError::BodyTooLarge(limit >> 20)),
+        Err(_) => Err(GatewayError::BodyTimeout(within.as_secs_f64())),
+    }
+}
+
+fn shutting_down(gateway: &Gateway) -> GatewayError {
+    GatewayError::ShuttingDown(gateway.config.server.edge.shutdown_grace.as_secs_f64())
+}
+
+/// A request between the choice of its model and its upstream's answer. Dropped before
+/// [`Waiting::answered`] means the client went away (hyper drops the handler when the connection
+/// closes) or the drain deadline cut it: it still gets its request-log row and access line, with
+/// what it waited.
+struct Waiting<'a> {
+    gateway: &'a Gateway,
+    row: Option<ApiLogRow>,
+    started: Instant,
+}
+
+impl<'a> Waiting<'a> {
+    fn new(
+        gateway: &'a Gateway,
+        admission: &Admission,
+        model: &ModelEntry,
+        started: Instant,
+    ) -> Self {
+        Waiting {
+            gateway,
+            row: Some(ApiLogRow {
+                model: model.config.id.clone(),
+                ..admission.log_row()
+            }),
+            started,
+        }
+    }
+
+    /// The upstream answered (or the attempts failed): the normal path logs the request.
+    fn answered(mut self) {
+        self.row = None;
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let Some(row) = self.row.take() else { return };
+        let waited = self.started.elapsed();
+        // 499: the client closed the request (nginx's code); 503 when the shutdown cut it.
+        let (status, error) = if self.gateway.drain.is_closing() {
+            (503, shutting_down(self.gateway).to_string())
+        } else {
+            (
+                499,
+                "the client closed the connection before the upstream answered".to_owned(),
+            )
+        };
+        tracing::info!(
+            target: "switchyard::access",
+            model = %row.model,
+            status,
+            latency_ms = waited.as_millis() as u64,
+            "{error}"
+        );
+        self.gateway.record(ApiLogRow {
+            status,
+            latency_ms: waited.as_secs_f64() * 1000.0,
+            error: Some(error),
+            ..row
+        });
     }
 }
 
@@ -262,7 +348,14 @@ async fn serve_chat(
         modalities: inbound.request.modalities(),
         ..admission.facts(&caller, capability(dialect))
     };
-    let mut plan = select::select(&model, &facts, &gateway.routing, pin).await?;
+    let waiting = Waiting::new(gateway, admission, &model, started);
+    let mut plan = match select::select(&model, &facts, &gateway.routing, pin).await {
+        Ok(plan) => plan,
+        Err(e) => {
+            waiting.answered();
+            return Err(e.into());
+        }
+    };
     plan.credential = admission.credential();
     let strategy_error = plan.strategy_error.clone();
     let result = dispatch::chat(
@@ -274,6 +367,7 @@ async fn serve_chat(
         plan,
     )
     .await;
+    waiting.answered();
     let public = inbound.request.model.as_str();
     match result {
         Ok(Answer::Complete {
@@ -319,6 +413,7 @@ async fn serve_chat(
                     ..row
                 });
             });
+            let events = end_at_drain_deadline(gateway, events, dialect, public);
             let mut response = Response::new(Body::from_stream(futures::StreamExt::map(
                 events,
                 Ok::<_, std::convert::Infallible>,
@@ -339,6 +434,39 @@ async fn serve_chat(
             Err(err)
         }
     }
+}
+
+/// The client's stream, ended with an error event in its dialect if the shutdown grace runs out
+/// before the upstream finishes.
+fn end_at_drain_deadline(
+    gateway: &Gateway,
+    events: impl futures::Stream<Item = bytes::Bytes> + Send + 'static,
+    dialect: Dialect,
+    public_model: &str,
+) -> impl futures::Stream<Item = bytes::Bytes> + Send + 'static {
+    use futures::StreamExt;
+    let state = (
+        Box::pin(events),
+        Box::pin(gateway.drain.closing()),
+        public_model.to_owned(),
+    );
+    futures::stream::unfold(Some(state), move |state| async move {
+        let (mut events, mut closing, public_model) = state?;
+        tokio::select! {
+            biased;
+            next = events.next() => next.map(|b| (b, Some((events, closing, public_model)))),
+            () = &mut closing => {
+                // Dropping the relay ends the upstream request.
+                drop(events);
+                let event = protocol::ir::StreamEvent::Error {
+                    status: 503,
+                    message: "the gateway is shutting down: the stream did not finish within the shutdown grace".into(),
+                };
+                let frames = dialect.encoder(&public_model).encode(&event);
+                Some((bytes::Bytes::from(frames.concat()), None))
+            }
+        }
+    })
 }
 
 fn record_failure(
@@ -390,9 +518,19 @@ async fn serve_embeddings(
         prompt_tokens: u32::try_from(chars / 4).unwrap_or(u32::MAX),
         ..admission.facts(&caller, Capability::Embeddings)
     };
-    let mut plan = select::select(&model, &facts, &gateway.routing, pin).await?;
+    let waiting = Waiting::new(gateway, admission, &model, started);
+    let mut plan = match select::select(&model, &facts, &gateway.routing, pin).await {
+        Ok(plan) => plan,
+        Err(e) => {
+            waiting.answered();
+            return Err(e.into());
+        }
+    };
     plan.credential = admission.credential();
-    match dispatch::embeddings(gateway.upstreams(), &gateway.routing, &model, &raw, plan).await {
+    let result =
+        dispatch::embeddings(gateway.upstreams(), &gateway.routing, &model, &raw, plan).await;
+    waiting.answered();
+    match result {
         Ok((body, attribution)) => {
             log_request(&model_name, &attribution, started, None);
             gateway.record(ApiLogRow {

@@ -4,11 +4,13 @@ pub mod auth;
 pub mod caller;
 pub mod error;
 mod inference;
+pub mod listener;
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::State;
+use axum::http::StatusCode;
 use axum::routing::get;
 use axum::{Json, Router};
 
@@ -23,19 +25,51 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
     // Inference paths are matched by the inbound routes (longest path prefix), so they are the
     // fallback: fixed paths (health, and the admin room's `/admin/*`, `/routing`, `/health/deep`)
     // come first.
+    let admin = crate::admin::router().layer(axum::middleware::from_fn_with_state(
+        gateway.clone(),
+        admin_body_deadline,
+    ));
     Router::new()
         .route("/health", get(health))
         .route("/health/ready", get(ready))
-        .merge(crate::admin::router())
+        .merge(admin)
         .fallback(inference::handle)
         .with_state(gateway)
 }
 
-async fn health(State(gateway): State<Arc<Gateway>>) -> Json<serde_json::Value> {
-    Json(serde_json::json!({
-        "status": "ok",
-        "routes_configured": gateway.table().upstreams_configured(),
-    }))
+/// The admin API reads its bodies with axum's extractors: this reads them first, within the
+/// same size limit and deadline as inference bodies.
+async fn admin_body_deadline(
+    State(gateway): State<Arc<Gateway>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let (parts, body) = request.into_parts();
+    match inference::read_body(&gateway, body).await {
+        Ok(bytes) => {
+            next.run(axum::extract::Request::from_parts(parts, bytes.into()))
+                .await
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `GET /health`: 200 while serving; 503 from SIGTERM on, so a load balancer stops sending
+/// while in-flight requests drain.
+async fn health(State(gateway): State<Arc<Gateway>>) -> (StatusCode, Json<serde_json::Value>) {
+    let (status, word) = if gateway.drain.is_draining() {
+        (StatusCode::SERVICE_UNAVAILABLE, "draining")
+    } else {
+        (StatusCode::OK, "ok")
+    };
+    (
+        status,
+        Json(serde_json::json!({
+            "status": word,
+            "routes_configured": gateway.table().upstreams_configured(),
+        })),
+    )
 }
 
 /// `GET /health/ready`: whether this process can serve inference now, for load balancers: 200
