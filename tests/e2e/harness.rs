@@ -186,6 +186,11 @@ impl Gateway {
         format!("http://127.0.0.1:{}{path}", self.port)
     }
 
+    /// The gateway's process id, for reading its `/proc` entries.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Everything the gateway logged so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("gateway.log")).unwrap_or_default()

@@ -17,6 +17,7 @@ mod key_pools;
 mod pipeline;
 mod proxy;
 mod quota;
+mod request_bounds;
 mod routes;
 mod routewise;
 mod routewise_bootstrap;

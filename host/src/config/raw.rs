@@ -46,6 +46,10 @@ pub struct RawServer {
     pub default_max_attempts: Option<i64>,
     /// Largest request body accepted, in MiB (default 32: room for base64 images).
     pub max_body_mib: Option<u64>,
+    /// Most messages in one chat request (default 100,000).
+    pub max_messages: Option<u64>,
+    /// Most content parts and other nested JSON objects in one chat request (default 200,000).
+    pub max_content_parts: Option<u64>,
 }
 
 /// How the implicit route authenticates callers.
@@ -79,6 +83,8 @@ impl Default for RawServer {
             default_auth: None,
             default_max_attempts: None,
             max_body_mib: None,
+            max_messages: None,
+            max_content_parts: None,
         }
     }
 }

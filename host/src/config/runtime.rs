@@ -31,6 +31,8 @@ pub struct ServerConfig {
     /// `max_attempts` of the implicit route.
     pub default_max_attempts: usize,
     pub max_body_bytes: usize,
+    /// Most messages and nested parts of one chat request, checked as its body is read.
+    pub request_limits: crate::protocol::json::Limits,
 }
 
 /// The strategy of models that exist only in the database.
