@@ -539,10 +539,7 @@ impl serde::Serialize for Turns<'_> {
         use serde::ser::SerializeSeq;
         let mut seq = serializer.serialize_seq(Some(self.0.len()))?;
         for (role, messages) in &self.0 {
-            seq.serialize_element(&Turn {
-                role: *role,
-                messages,
-            })?;
+            seq.serialize_element(&Turn { role, messages })?;
         }
         seq.end()
     }
