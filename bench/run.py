@@ -19,6 +19,13 @@ It measures, in one run:
 Writes bench/results/latest.json and latest.md, prints the tables and, on a full run, replaces the
 table between the `bench:start` / `bench:end` markers in README.md.
 
+`python3 bench/run.py --memory [--binary PATH]` measures instead the memory one large request
+costs (issue #15 item 6): for each pair of client and upstream dialect and three body shapes near
+the 32 MiB body limit, the gateway's peak RSS growth while it serves 1, then 8 concurrent copies
+(a fresh gateway per figure; peak from /proc/PID/status VmHWM after resetting it through
+/proc/PID/clear_refs). Writes bench/results/memory-latest.json and prints the table. `--binary`
+measures another build (e.g. main's, for a before/after); otherwise the release build is used.
+
 Everything runs on loopback on this machine; the load generator, the proxies and the mock upstream
 share its cores, so absolute figures are pessimistic — compare the ratios measured in one run.
 """
@@ -674,8 +681,114 @@ def idle_only():
     print(json.dumps(result, indent=2))
 
 
+MEMORY_PORTS = {"mock": 19111, "gateway": 19112}
+MEMORY_CLIENTS = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "responses": "/v1/responses"}
+MEMORY_UPSTREAMS = {"chat": "openai_compat", "anthropic": "anthropic", "responses": "openai_responses"}
+
+
+def memory_body(client, model, shape):
+    """A request body of about 25 MiB in the client's dialect. Shapes: `tiny` is issue #15's 900k
+    one-word messages (over the default message limit, so now refused); `many` is 100,000 messages
+    of ~250 characters (at the limit); `few` is 10 messages of 2.5 MiB."""
+    count, size = {"tiny": (900_000, 1), "many": (100_000, 250), "few": (10, 2_500_000)}[shape]
+    text = "x" * size
+    roles = ("user", "assistant")
+    if client == "responses":
+        items = [{"role": roles[i % 2], "content": text} for i in range(count)]
+        return {"model": model, "input": items, "max_output_tokens": 16}
+    messages = [{"role": roles[i % 2], "content": text} for i in range(count)]
+    if client == "messages":
+        return {"model": model, "max_tokens": 16, "messages": messages}
+    return {"model": model, "messages": messages, "max_tokens": 16}
+
+
+def vm_kib(pid, field):
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def post_many(port, path, payload, n):
+    """Sends `n` copies of `payload` at once; returns their statuses."""
+    def one():
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+        conn.request("POST", path, payload, {"content-type": "application/json"})
+        response = conn.getresponse()
+        response.read()
+        conn.close()
+        return response.status
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(lambda _: one(), range(n)))
+
+
+def large_body_memory():
+    def arg(name, default):
+        return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
+    binary = Path(arg("--binary", "")) if "--binary" in sys.argv else build()
+    # The mock parses every body too; `--mock-binary` keeps it the same across a before/after pair.
+    mock_binary = Path(arg("--mock-binary", str(binary)))
+    concurrency = [int(c) for c in arg("--concurrency", "1,8").split(",")]
+    env = dict(os.environ, RUST_LOG="warn", ROUTING_AFFINITY_ENABLED="0", SWITCHYARD_DEFAULT_AUTH="disabled",
+               SWITCHYARD_BUILTIN_STRATEGIES=str(target_dir() / "strategies"))
+    work = Path(tempfile.mkdtemp(prefix="switchyard-memory-"))
+    upstream = f"127.0.0.1:{MEMORY_PORTS['mock']}"
+    models = "".join(
+        f"  - id: mem-{name}\n    route:\n      - kind: {kind}\n"
+        f"        base_url: http://{upstream}{'' if kind == 'anthropic' else '/v1'}\n        provider_model_id: sim\n"
+        for name, kind in MEMORY_UPSTREAMS.items())
+    (work / "memory.yaml").write_text(f"database:\n  url: sqlite://{work}/memory.db\nmodels:\n{models}")
+    mock = subprocess.Popen([mock_binary, "mock-upstream", "--port", str(MEMORY_PORTS["mock"]),
+                             "--completion-tokens", "4"], stdout=subprocess.DEVNULL, env=env)
+    results = []
+    try:
+        wait_http(f"http://{upstream}/health")
+        for shape in arg("--shapes", "tiny,many,few").split(","):
+            for client, path in MEMORY_CLIENTS.items():
+                for up in MEMORY_UPSTREAMS:
+                    if f"{client}>{up}" not in arg("--pairs", f"{client}>{up}").split(","):
+                        continue
+                    payload = json.dumps(memory_body(client, f"mem-{up}", shape), separators=(",", ":")).encode()
+                    row = {"shape": shape, "client": client, "upstream": up, "body_mib": len(payload) / 2**20}
+                    for n in concurrency:
+                        gw = subprocess.Popen([binary, "serve", "--config", str(work / "memory.yaml"), "--listen",
+                                               f"127.0.0.1:{MEMORY_PORTS['gateway']}"],
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+                        try:
+                            wait_http(f"http://127.0.0.1:{MEMORY_PORTS['gateway']}/health")
+                            time.sleep(0.5)
+                            # Resets VmHWM to the current RSS, so the peak below is this request's.
+                            Path(f"/proc/{gw.pid}/clear_refs").write_text("5")
+                            base = vm_kib(gw.pid, "VmRSS")
+                            statuses = post_many(MEMORY_PORTS["gateway"], path, payload, n)
+                            peak = vm_kib(gw.pid, "VmHWM")
+                        finally:
+                            gw.send_signal(signal.SIGTERM)
+                            gw.wait(30)
+                        growth = (peak - base) / 1024
+                        row[f"peak_growth_mib_{n}"] = growth
+                        row[f"ratio_{n}"] = growth / (row["body_mib"] * n)
+                        row[f"status_{n}"] = sorted(set(statuses))
+                    results.append(row)
+                    print(f"{shape:5} {client:9} -> {up:9} body {row['body_mib']:5.1f} MiB" + "".join(
+                        f"  x{n}: +{row[f'peak_growth_mib_{n}']:7.1f} MiB ({row[f'ratio_{n}']:4.1f}x the bodies) "
+                        f"{row[f'status_{n}']}" for n in concurrency), flush=True)
+    finally:
+        mock.send_signal(signal.SIGTERM)
+        mock.wait(10)
+    out = ROOT / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    label = sys.argv[sys.argv.index("--label") + 1] if "--label" in sys.argv else "latest"
+    (out / f"memory-{label}.json").write_text(json.dumps(
+        {"measured": time.strftime("%Y-%m-%dT%H%M%S"), "machine": machine(), "binary": str(binary),
+         "results": results}, indent=2))
+
+
 if __name__ == "__main__":
-    if "--rerender" in sys.argv:
+    if "--memory" in sys.argv:
+        large_body_memory()
+    elif "--rerender" in sys.argv:
         rerender()
     elif "--idle-connections" in sys.argv:
         idle_only()

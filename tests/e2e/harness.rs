@@ -204,7 +204,7 @@ impl Gateway {
         format!("http://127.0.0.1:{}{path}", self.port)
     }
 
-    /// The gateway's process id (for its memory figures in /proc).
+    /// The gateway's process id, for reading its `/proc` entries.
     pub fn pid(&self) -> u32 {
         self.child.id()
     }

@@ -21,6 +21,7 @@ mod pipeline;
 mod plugins;
 mod proxy;
 mod quota;
+mod request_bounds;
 mod routes;
 mod routewise;
 mod routewise_bootstrap;

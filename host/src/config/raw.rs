@@ -57,6 +57,10 @@ pub struct RawServer {
     pub max_connections: Option<u64>,
     /// After SIGTERM, how long in-flight requests may run before they are ended (default 30).
     pub shutdown_grace_seconds: Option<f64>,
+    /// Most messages in one chat request (default 100,000).
+    pub max_messages: Option<u64>,
+    /// Most content parts and other nested JSON objects in one chat request (default 200,000).
+    pub max_content_parts: Option<u64>,
 }
 
 /// How the implicit route authenticates callers.
@@ -94,6 +98,8 @@ impl Default for RawServer {
             request_body_timeout_seconds: None,
             max_connections: None,
             shutdown_grace_seconds: None,
+            max_messages: None,
+            max_content_parts: None,
         }
     }
 }

@@ -35,6 +35,8 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// Client connections: head and body deadlines, the connection cap, the drain deadline.
     pub edge: EdgeConfig,
+    /// Most messages and nested parts of one chat request, checked as its body is read.
+    pub request_limits: crate::protocol::json::Limits,
 }
 
 /// Bounds on what a client connection may hold (`server.*` in the file).

@@ -444,6 +444,19 @@ pub(super) fn validate(
             default_max_attempts: default_max_attempts as usize,
             max_body_bytes: (raw.server.max_body_mib.unwrap_or(32).max(1) as usize) << 20,
             edge,
+            request_limits: {
+                let default = crate::protocol::json::Limits::DEFAULT;
+                let limit = |v: Option<u64>, default: usize| {
+                    v.map_or(default, |n| usize::try_from(n.max(1)).unwrap_or(usize::MAX))
+                };
+                crate::protocol::json::Limits {
+                    max_messages: limit(raw.server.max_messages, default.max_messages),
+                    max_content_parts: limit(
+                        raw.server.max_content_parts,
+                        default.max_content_parts,
+                    ),
+                }
+            },
         },
         database_url: raw.database.url,
         strategies: StrategiesConfig {

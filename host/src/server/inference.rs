@@ -18,6 +18,7 @@ use crate::routing::dispatch::{self, Answer};
 use crate::routing::select::{self, RequestFacts};
 use crate::routing::table::ModelEntry;
 use crate::store::api_log::ApiLogRow;
+use crate::upstream::upstream_dialect;
 
 use super::auth::{self, Principal};
 use super::{GatewayError, attributed_row, caller, clamp_i32, failed_attempts_json, log_request};
@@ -118,7 +119,12 @@ pub async fn handle(
         route_name: route.name.clone(),
     };
     drop(snapshot);
-    let body = match read_body(&gateway, body).await {
+    let length = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    let body = match read_body(&gateway, body, length).await {
         Ok(b) => b,
         Err(e) => return e.response_in(dialect),
     };
@@ -127,7 +133,7 @@ pub async fn handle(
     let serve = async {
         match endpoint {
             Endpoint::ChatCompletions | Endpoint::Responses | Endpoint::Messages => {
-                serve_chat(&gateway, dialect, &admission, &extensions, &headers, &body).await
+                serve_chat(&gateway, dialect, &admission, &extensions, &headers, body).await
             }
             Endpoint::Embeddings => {
                 serve_embeddings(&gateway, &admission, &extensions, &headers, &body).await
@@ -160,14 +166,32 @@ fn dialect_of(path: &str) -> Dialect {
     }
 }
 
-/// The whole body, within `server.max_body_mib` and `server.request_body_timeout_seconds`.
-pub(super) async fn read_body(gateway: &Gateway, body: Body) -> Result<bytes::Bytes, GatewayError> {
+/// The whole body, within `server.max_body_mib` and `server.request_body_timeout_seconds`, in one
+/// buffer sized from its `Content-Length`. Collecting the chunks and then joining them (as
+/// `axum::body::to_bytes` does) held a large body twice.
+pub(super) async fn read_body(
+    gateway: &Gateway,
+    body: Body,
+    length: Option<usize>,
+) -> Result<bytes::Bytes, GatewayError> {
+    use futures::StreamExt;
     let server = &gateway.config.server;
     let limit = server.max_body_bytes;
     let within = server.edge.request_body_timeout;
-    match tokio::time::timeout(within, axum::body::to_bytes(body, limit)).await {
-        Ok(Ok(b)) => Ok(b),
-        Ok(Err(_)) => Err(GatewayError::BodyTooLarge(limit >> 20)),
+    let read = async {
+        let mut out = Vec::with_capacity(length.unwrap_or(0).min(limit));
+        let mut chunks = body.into_data_stream();
+        while let Some(chunk) = chunks.next().await {
+            let chunk = chunk.map_err(|_| GatewayError::BodyTooLarge(limit >> 20))?;
+            if out.len() + chunk.len() > limit {
+                return Err(GatewayError::BodyTooLarge(limit >> 20));
+            }
+            out.extend_from_slice(&chunk);
+        }
+        Ok(bytes::Bytes::from(out))
+    };
+    match tokio::time::timeout(within, read).await {
+        Ok(read) => read,
         Err(_) => Err(GatewayError::BodyTimeout(within.as_secs_f64())),
     }
 }
@@ -318,34 +342,25 @@ async fn serve_chat(
     admission: &Admission,
     extensions: &axum::http::Extensions,
     headers: &HeaderMap,
-    body: &[u8],
+    body: bytes::Bytes,
 ) -> Result<Response, GatewayError> {
     let started = Instant::now();
-    // Parsed once: the IR is read from it, and it is kept for upstreams of the same dialect, which
-    // get it nearly verbatim.
-    let parsed: serde_json::Value =
-        protocol::json::parse(body).map_err(|e| GatewayError::InvalidBody(e.to_string()))?;
+    // The IR is read from the body without a tree of the whole of it, within the configured
+    // limits; `Inbound::new` keeps the bytes for upstreams of the same dialect, which get them
+    // nearly verbatim, and the IR's messages for the others.
     let request = dialect
-        .parse_request_value(&parsed)
+        .parse_request_within(&body, gateway.config.server.request_limits)
         .map_err(|e| GatewayError::InvalidBody(e.to_string()))?;
-    let serde_json::Value::Object(raw) = parsed else {
-        return Err(GatewayError::InvalidBody(
-            "the body must be a JSON object".into(),
-        ));
-    };
     let model = published_model(gateway, &request.model, &admission.principal)?;
     let (caller, pin) = caller_and_pin(gateway, admission, extensions, headers);
-    let inbound = Inbound {
-        dialect,
-        prompt_tokens: request.prompt_token_estimate(),
-        request,
-        body: raw,
-    };
+    let modalities = request.modalities();
+    let upstreams = model.upstreams().iter().map(|u| upstream_dialect(u.kind));
+    let inbound = Inbound::new(dialect, request, body, upstreams);
     let facts = RequestFacts {
         prompt_tokens: inbound.prompt_tokens,
         max_tokens: inbound.request.max_output_tokens,
         stream: inbound.request.stream,
-        modalities: inbound.request.modalities(),
+        modalities,
         ..admission.facts(&caller, capability(dialect))
     };
     let waiting = Waiting::new(gateway, admission, &model, started);
@@ -556,17 +571,11 @@ fn count_tokens(
     admission: &Admission,
     body: &[u8],
 ) -> Result<Response, GatewayError> {
-    let dialect = Dialect::AnthropicMessages;
-    // count_tokens bodies carry no max_tokens; the parser wants one.
-    let mut value: serde_json::Value = serde_json::from_slice(body)
-        .map_err(|e| GatewayError::InvalidBody(format!("not valid JSON: {e}")))?;
-    if let Some(map) = value.as_object_mut() {
-        map.entry("max_tokens").or_insert(serde_json::json!(1));
-    }
-    let bytes = serde_json::to_vec(&value).unwrap_or_default();
-    let request = dialect
-        .parse_request(&bytes)
-        .map_err(|e| GatewayError::InvalidBody(e.to_string()))?;
+    let request = protocol::anthropic_messages::parse_count_tokens_request(
+        body,
+        gateway.config.server.request_limits,
+    )
+    .map_err(|e| GatewayError::InvalidBody(e.to_string()))?;
     published_model(gateway, &request.model, &admission.principal)?;
     Ok(
         axum::Json(serde_json::json!({ "input_tokens": request.prompt_token_estimate() }))

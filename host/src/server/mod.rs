@@ -46,7 +46,7 @@ async fn admin_body_deadline(
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
     let (parts, body) = request.into_parts();
-    match inference::read_body(&gateway, body).await {
+    match inference::read_body(&gateway, body, None).await {
         Ok(bytes) => {
             next.run(axum::extract::Request::from_parts(parts, bytes.into()))
                 .await
