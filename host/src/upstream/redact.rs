@@ -92,7 +92,12 @@ impl Redactor {
             AttemptError::InvalidResponse(t) => AttemptError::InvalidResponse(self.text(&t)),
             AttemptError::EmptyStream(t) => AttemptError::EmptyStream(self.text(&t)),
             AttemptError::StreamFailed(t) => AttemptError::StreamFailed(self.text(&t)),
-            e @ AttemptError::Timeout(_) => e,
+            // No upstream text in these: nothing to mask.
+            e @ (AttemptError::Timeout(_)
+            | AttemptError::FirstTokenTimeout(_)
+            | AttemptError::IdleTimeout(_)
+            | AttemptError::TotalTimeout(_)
+            | AttemptError::ResponseTooLarge { .. }) => e,
         }
     }
 }
