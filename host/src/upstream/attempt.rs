@@ -14,7 +14,7 @@ use crate::protocol::{Dialect, sse};
 
 use super::client::describe;
 use super::redact::Redactor;
-use super::relay::{EventStream, StreamRelay, StreamSummary};
+use super::relay::{EventStream, StreamClock, StreamRelay, StreamSummary};
 use super::request::{chat_body, embeddings_body, endpoint, upstream_dialect};
 use super::{AttemptError, UpstreamClient};
 
@@ -218,8 +218,10 @@ impl<'a> Attempt<'a> {
             dialect,
             inbound,
             ModelRename::new(&self.upstream.provider_model_id, &inbound.request.model),
-            self.started,
-            deadlines,
+            StreamClock {
+                started: self.started,
+                deadlines,
+            },
             sink,
             self.redactor(),
         );

@@ -81,14 +81,19 @@ pub(super) struct StreamRelay<S: AttemptSink> {
     redactor: Redactor,
 }
 
+/// When a relayed stream started and the deadlines it runs under.
+pub(super) struct StreamClock {
+    pub started: Instant,
+    pub deadlines: StreamDeadlines,
+}
+
 impl<S: AttemptSink> StreamRelay<S> {
     pub(super) fn new(
         upstream: UpstreamEvents,
         dialect: Dialect,
         inbound: &Inbound,
         rename: ModelRename,
-        started: Instant,
-        deadlines: StreamDeadlines,
+        StreamClock { started, deadlines }: StreamClock,
         sink: S,
         redactor: Redactor,
     ) -> (Self, tokio::sync::oneshot::Receiver<StreamSummary>) {
