@@ -125,7 +125,7 @@ async fn frames_then_silence(mut socket: TcpStream, frames: Vec<String>, silence
 /// whose backup, essentially never chosen first, is the mock.
 fn config(upstream: &str, primary: &str, primary_extra: &str, kind: &str, backup: &Mock) -> String {
     format!(
-        "upstream:\n  connect_timeout_ms: 2000\n{upstream}models:\n  - id: m\n    router: fixed\n    route:\n      - kind: {kind}\n        weight: 1\n        base_url: {primary}\n{primary_extra}      - kind: {kind}\n        weight: 1e-9\n        base_url: {}\n",
+        "server:\n  admin_token: {ADMIN}\nupstream:\n  connect_timeout_ms: 2000\n{upstream}models:\n  - id: m\n    router: fixed\n    route:\n      - kind: {kind}\n        weight: 1\n        base_url: {primary}\n{primary_extra}      - kind: {kind}\n        weight: 1e-9\n        base_url: {}\n",
         backup.base_url()
     )
 }
@@ -173,13 +173,11 @@ fn messages_text(data: &[String]) -> String {
         .collect()
 }
 
+/// The admin token of every gateway these tests start (`/health/deep` is behind it).
+const ADMIN: &str = "deadline-admin";
+
 async fn endpoint_report(gw: &Gateway, endpoint_id: &str) -> Value {
-    let deep: Value = reqwest::get(gw.url("/health/deep"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let deep = gw.deep(ADMIN).await;
     deep["endpoints"]
         .as_array()
         .unwrap()
@@ -550,7 +548,7 @@ async fn an_oversized_answer_or_event_fails_and_falls_back() {
     .await;
     let b = Mock::start(&[]);
     let yaml = format!(
-        "models:\n  - id: m\n    router: fixed\n    route:\n      - kind: openai_compat\n        weight: 1\n        base_url: {}\n      - kind: openai_compat\n        weight: 1e-9\n        base_url: {}\n  - id: n\n    router: fixed\n    route:\n      - kind: openai_compat\n        weight: 1\n        base_url: {}\n      - kind: openai_compat\n        weight: 1e-9\n        base_url: {}\n",
+        "server:\n  admin_token: {ADMIN}\nmodels:\n  - id: m\n    router: fixed\n    route:\n      - kind: openai_compat\n        weight: 1\n        base_url: {}\n      - kind: openai_compat\n        weight: 1e-9\n        base_url: {}\n  - id: n\n    router: fixed\n    route:\n      - kind: openai_compat\n        weight: 1\n        base_url: {}\n      - kind: openai_compat\n        weight: 1e-9\n        base_url: {}\n",
         line.base_url(),
         b.base_url(),
         body.base_url(),
@@ -619,7 +617,6 @@ async fn whole_answer(mut socket: TcpStream) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hedge_races_streams_to_their_first_content_not_their_first_event() {
-    const ADMIN: &str = "hedge-admin";
     // The cheap primary answers whole requests at once; its streams send the role delta at once
     // and their first content 2.5 s later. Committed at the role delta, the primary would win
     // the race before the hedge's checkpoint and the client would wait 2.5 s.

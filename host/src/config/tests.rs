@@ -175,10 +175,13 @@ fn client_connection_bounds_have_defaults_and_name_their_key_when_invalid() {
         .to_string();
     assert_eq!(
         err,
-        "test.yaml: server.request_body_timeout_seconds: must be a number of seconds above 0 and at most 86400, got 0"
+        "test.yaml:2: server.request_body_timeout_seconds: must be a number of seconds above 0 and at most 86400, got 0"
     );
     let err = load("server:\n  max_connections: 0\n")
         .unwrap_err()
         .to_string();
-    assert_eq!(err, "test.yaml: server.max_connections: must be at least 1");
+    assert_eq!(
+        err,
+        "test.yaml:2: server.max_connections: must be at least 1"
+    );
 }
