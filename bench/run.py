@@ -13,9 +13,18 @@ It measures, in one run:
     load without it, for the CPU per relayed stream;
   * time to first byte of a stream (sequential requests), gateway and nginx against direct;
   * memory: the gateway's RSS idle with 20 models per strategy, after the load, and while holding
-    10,000 idle streams from a mock that trickles its tokens.
+    10,000 idle streams from a mock that trickles its tokens;
+  * the gateway's CPU seconds over 30 s while 10,000 idle keep-alive client connections are open,
+    beside the same window without them (`--idle-connections [BINARY]` measures only this).
 Writes bench/results/latest.json and latest.md, prints the tables and, on a full run, replaces the
 table between the `bench:start` / `bench:end` markers in README.md.
+
+`python3 bench/run.py --memory [--binary PATH]` measures instead the memory one large request
+costs (issue #15 item 6): for each pair of client and upstream dialect and three body shapes near
+the 32 MiB body limit, the gateway's peak RSS growth while it serves 1, then 8 concurrent copies
+(a fresh gateway per figure; peak from /proc/PID/status VmHWM after resetting it through
+/proc/PID/clear_refs). Writes bench/results/memory-latest.json and prints the table. `--binary`
+measures another build (e.g. main's, for a before/after); otherwise the release build is used.
 
 Everything runs on loopback on this machine; the load generator, the proxies and the mock upstream
 share its cores, so absolute figures are pessimistic — compare the ratios measured in one run.
@@ -45,7 +54,11 @@ CONCURRENCY = [1, 32, 256]
 TTFB_REQUESTS = 200 if QUICK else 1000
 IDLE_STREAMS = 10_000
 COMPLETION_TOKENS = 16
-PORTS = {"mock": 19101, "nginx": 19102, "switchyard": 19103, "slow_mock": 19104, "switchyard_per_core": 19105}
+PORTS = {"mock": 19101, "nginx": 19102, "switchyard": 19103, "slow_mock": 19104, "switchyard_per_core": 19105,
+         "switchyard_idle": 19106}
+# The CPU cost of idle client connections (issue #15): keep-alive connections after one request.
+IDLE_CONNECTIONS = 10_000
+IDLE_WINDOW_S = 10 if QUICK else 30
 # The gateway serves with one thread, as nginx below runs one worker process: the hop is compared
 # with the same share of the machine. A second gateway with the default (one thread per core) is
 # measured too, non-streaming, so the table shows what the default costs here.
@@ -249,6 +262,78 @@ async def hold_streams(port, path, payload, n, gateway_pid, settle_s):
             "open_s": open_s, "rss_mib": rss}
 
 
+async def hold_idle_connections(port, n, window_s, gateway_pid):
+    """Opens `n` keep-alive connections, each after one `GET /health`, leaves them idle and returns
+    the gateway's CPU seconds over `window_s` while they stay open, with how many stayed open."""
+    request = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    writers = []
+    failures = []
+    gate = asyncio.Semaphore(256)
+
+    async def one():
+        async with gate:
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(request)
+                await writer.drain()
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+                length = int(re.search(rb"content-length: (\d+)", head, re.I).group(1))
+                await asyncio.wait_for(reader.readexactly(length), 30)
+                if not head.startswith(b"HTTP/1.1 200"):
+                    raise RuntimeError(head.split(b"\r\n", 1)[0].decode())
+                writers.append((reader, writer))
+            except Exception as e:  # noqa: BLE001 - reported as a count
+                failures.append(repr(e))
+
+    await asyncio.gather(*(one() for _ in range(n)))
+    await asyncio.sleep(1)
+    before = cpu_seconds(gateway_pid)
+    await asyncio.sleep(window_s)
+    cpu = cpu_seconds(gateway_pid) - before
+    still_open = sum(1 for r, _ in writers if not r.at_eof())
+    for _, w in writers:
+        w.close()
+    return {"connections": len(writers), "failed": len(failures),
+            "first_failure": failures[0] if failures else None, "still_open": still_open, "cpu_s": cpu}
+
+
+def idle_connection_cost(binary, env, work, n=IDLE_CONNECTIONS, window_s=IDLE_WINDOW_S):
+    """The gateway's CPU seconds over `window_s` with no client, then while `n` idle keep-alive
+    connections are open. The gateway gets a header timeout longer than the window (where its
+    config knows the key) so the connections stay open for the whole measurement."""
+    port = PORTS["switchyard_idle"]
+    config = work / "idle.yaml"
+    base = f"database:\n  url: sqlite://{work}/idle.db\n"
+    limits = ("server:\n  header_read_timeout_seconds: 600\n"
+              f"  max_connections: {n + 1000}\n")
+    config.write_text(base + limits)
+    if subprocess.run([binary, "check", "--config", str(config)], capture_output=True, env=env).returncode != 0:
+        limits = ""  # a binary without these keys (before issue #15): nothing times out
+        config.write_text(base)
+    gw = subprocess.Popen([binary, "serve", "--config", str(config), "--listen", f"127.0.0.1:{port}"],
+                          stdout=subprocess.DEVNULL, env=env)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health")
+        time.sleep(1)
+        before = cpu_seconds(gw.pid)
+        time.sleep(window_s)
+        none = cpu_seconds(gw.pid) - before
+        held = asyncio.run(hold_idle_connections(port, n, window_s, gw.pid))
+        rss = rss_mib(gw.pid)
+    finally:
+        gw.send_signal(signal.SIGTERM)
+        try:
+            gw.wait(40)
+        except subprocess.TimeoutExpired:
+            gw.kill()
+    result = {"binary": str(binary), "window_s": window_s, "cpu_s_no_connections": none,
+              "cpu_s_idle_connections": held["cpu_s"], "rss_mib": rss, "limits_configured": bool(limits), **held}
+    print(f"idle connections: {held['connections']} open ({held['failed']} failed, {held['still_open']} still open "
+          f"at the end): gateway CPU {held['cpu_s']:.3f} s over {window_s} s (without connections "
+          f"{none:.3f} s); RSS {rss:.1f} MiB", flush=True)
+    return result
+
+
 def nginx_config(work):
     return f"""
 worker_processes 1;
@@ -399,6 +484,7 @@ def main():
         held["rss_per_stream_kib"] = per_stream_mib * 1024
         held["rss_10k_mib"] = (held["rss_mib"] if held["streams"] >= IDLE_STREAMS
                                else rss_before_streams + per_stream_mib * IDLE_STREAMS)
+        extra["idle_connections"] = idle_connection_cost(binary, env, work, min(IDLE_CONNECTIONS, fd_limit - 1024))
         extra = {**extra, "rss_idle_mib": rss_idle, "rss_after_load_mib": rss_after, "models_loaded": models_loaded,
                  "ttfb": ttfb_results, "idle_streams": held, "rss_after_idle_streams_mib": rss_after_streams,
                  "events_per_stream": events, "fd_limit": fd_limit}
@@ -523,6 +609,11 @@ def render(results, extra, measured=None, machine_name=None):
               + (f"; {held['rss_10k_mib']:.1f} MiB scaled to {IDLE_STREAMS} — the fd limit here is "
                  f"{extra['fd_limit']} and cannot be raised" if held["streams"] < IDLE_STREAMS else "")
               + f"); {extra['rss_after_idle_streams_mib']:.1f} MiB after they closed."]
+    idle = extra.get("idle_connections")
+    if idle:
+        lines += ["", f"**Idle client connections**: gateway CPU {idle['cpu_s_idle_connections']:.3f} s over "
+                  f"{idle['window_s']} s holding {idle['connections']} idle keep-alive connections "
+                  f"({idle['cpu_s_no_connections']:.3f} s without any); RSS {idle['rss_mib']:.1f} MiB."]
     targets = check_targets(results, extra)
     names = {
         "cpu_us_per_request": ("CPU per proxied request, 32 clients", "≤ {t:.0f} µs", "{v:.1f} µs"),
@@ -577,8 +668,129 @@ def rerender():
         update_readme(report)
 
 
+def idle_only():
+    """`--idle-connections [BINARY]`: only the idle-connection measurement, for one binary (the
+    release build by default), e.g. to compare a branch with main's build."""
+    fd_limit = raise_fd_limit()
+    args = sys.argv[sys.argv.index("--idle-connections") + 1:]
+    binary = Path(args[0]) if args and not args[0].startswith("--") else build()
+    env = dict(os.environ, RUST_LOG="warn", SWITCHYARD_DEFAULT_AUTH="disabled",
+               SWITCHYARD_BUILTIN_STRATEGIES=str(target_dir() / "strategies"))
+    work = Path(tempfile.mkdtemp(prefix="switchyard-bench-idle-"))
+    result = idle_connection_cost(binary, env, work, min(IDLE_CONNECTIONS, fd_limit - 1024))
+    print(json.dumps(result, indent=2))
+
+
+MEMORY_PORTS = {"mock": 19111, "gateway": 19112}
+MEMORY_CLIENTS = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "responses": "/v1/responses"}
+MEMORY_UPSTREAMS = {"chat": "openai_compat", "anthropic": "anthropic", "responses": "openai_responses"}
+
+
+def memory_body(client, model, shape):
+    """A request body of about 25 MiB in the client's dialect. Shapes: `tiny` is issue #15's 900k
+    one-word messages (over the default message limit, so now refused); `many` is 100,000 messages
+    of ~250 characters (at the limit); `few` is 10 messages of 2.5 MiB."""
+    count, size = {"tiny": (900_000, 1), "many": (100_000, 250), "few": (10, 2_500_000)}[shape]
+    text = "x" * size
+    roles = ("user", "assistant")
+    if client == "responses":
+        items = [{"role": roles[i % 2], "content": text} for i in range(count)]
+        return {"model": model, "input": items, "max_output_tokens": 16}
+    messages = [{"role": roles[i % 2], "content": text} for i in range(count)]
+    if client == "messages":
+        return {"model": model, "max_tokens": 16, "messages": messages}
+    return {"model": model, "messages": messages, "max_tokens": 16}
+
+
+def vm_kib(pid, field):
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def post_many(port, path, payload, n):
+    """Sends `n` copies of `payload` at once; returns their statuses."""
+    def one():
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+        conn.request("POST", path, payload, {"content-type": "application/json"})
+        response = conn.getresponse()
+        response.read()
+        conn.close()
+        return response.status
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(lambda _: one(), range(n)))
+
+
+def large_body_memory():
+    def arg(name, default):
+        return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
+    binary = Path(arg("--binary", "")) if "--binary" in sys.argv else build()
+    # The mock parses every body too; `--mock-binary` keeps it the same across a before/after pair.
+    mock_binary = Path(arg("--mock-binary", str(binary)))
+    concurrency = [int(c) for c in arg("--concurrency", "1,8").split(",")]
+    env = dict(os.environ, RUST_LOG="warn", ROUTING_AFFINITY_ENABLED="0", SWITCHYARD_DEFAULT_AUTH="disabled",
+               SWITCHYARD_BUILTIN_STRATEGIES=str(target_dir() / "strategies"))
+    work = Path(tempfile.mkdtemp(prefix="switchyard-memory-"))
+    upstream = f"127.0.0.1:{MEMORY_PORTS['mock']}"
+    models = "".join(
+        f"  - id: mem-{name}\n    route:\n      - kind: {kind}\n"
+        f"        base_url: http://{upstream}{'' if kind == 'anthropic' else '/v1'}\n        provider_model_id: sim\n"
+        for name, kind in MEMORY_UPSTREAMS.items())
+    (work / "memory.yaml").write_text(f"database:\n  url: sqlite://{work}/memory.db\nmodels:\n{models}")
+    mock = subprocess.Popen([mock_binary, "mock-upstream", "--port", str(MEMORY_PORTS["mock"]),
+                             "--completion-tokens", "4"], stdout=subprocess.DEVNULL, env=env)
+    results = []
+    try:
+        wait_http(f"http://{upstream}/health")
+        for shape in arg("--shapes", "tiny,many,few").split(","):
+            for client, path in MEMORY_CLIENTS.items():
+                for up in MEMORY_UPSTREAMS:
+                    if f"{client}>{up}" not in arg("--pairs", f"{client}>{up}").split(","):
+                        continue
+                    payload = json.dumps(memory_body(client, f"mem-{up}", shape), separators=(",", ":")).encode()
+                    row = {"shape": shape, "client": client, "upstream": up, "body_mib": len(payload) / 2**20}
+                    for n in concurrency:
+                        gw = subprocess.Popen([binary, "serve", "--config", str(work / "memory.yaml"), "--listen",
+                                               f"127.0.0.1:{MEMORY_PORTS['gateway']}"],
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+                        try:
+                            wait_http(f"http://127.0.0.1:{MEMORY_PORTS['gateway']}/health")
+                            time.sleep(0.5)
+                            # Resets VmHWM to the current RSS, so the peak below is this request's.
+                            Path(f"/proc/{gw.pid}/clear_refs").write_text("5")
+                            base = vm_kib(gw.pid, "VmRSS")
+                            statuses = post_many(MEMORY_PORTS["gateway"], path, payload, n)
+                            peak = vm_kib(gw.pid, "VmHWM")
+                        finally:
+                            gw.send_signal(signal.SIGTERM)
+                            gw.wait(30)
+                        growth = (peak - base) / 1024
+                        row[f"peak_growth_mib_{n}"] = growth
+                        row[f"ratio_{n}"] = growth / (row["body_mib"] * n)
+                        row[f"status_{n}"] = sorted(set(statuses))
+                    results.append(row)
+                    print(f"{shape:5} {client:9} -> {up:9} body {row['body_mib']:5.1f} MiB" + "".join(
+                        f"  x{n}: +{row[f'peak_growth_mib_{n}']:7.1f} MiB ({row[f'ratio_{n}']:4.1f}x the bodies) "
+                        f"{row[f'status_{n}']}" for n in concurrency), flush=True)
+    finally:
+        mock.send_signal(signal.SIGTERM)
+        mock.wait(10)
+    out = ROOT / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    label = sys.argv[sys.argv.index("--label") + 1] if "--label" in sys.argv else "latest"
+    (out / f"memory-{label}.json").write_text(json.dumps(
+        {"measured": time.strftime("%Y-%m-%dT%H%M%S"), "machine": machine(), "binary": str(binary),
+         "results": results}, indent=2))
+
+
 if __name__ == "__main__":
-    if "--rerender" in sys.argv:
+    if "--memory" in sys.argv:
+        large_body_memory()
+    elif "--rerender" in sys.argv:
         rerender()
+    elif "--idle-connections" in sys.argv:
+        idle_only()
     else:
         main()

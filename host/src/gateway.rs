@@ -114,6 +114,8 @@ pub struct Gateway {
     upstreams: UpstreamClient,
     pub store: Option<Store>,
     pub api_log: Option<ApiLog>,
+    /// Shutdown state: `/health` and in-flight streams watch it.
+    pub drain: Arc<crate::server::listener::Drain>,
 }
 
 impl Gateway {
@@ -149,6 +151,7 @@ impl Gateway {
             upstreams,
             store,
             api_log,
+            drain: Arc::default(),
             config,
         })
     }

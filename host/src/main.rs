@@ -220,6 +220,7 @@ fn load_config(path: &Path) -> anyhow::Result<Config> {
 }
 
 async fn serve(config: Config, listen: Option<String>) -> anyhow::Result<()> {
+    let max_connections = client_connection_cap(&config.server.edge);
     // `SWITCHYARD_METRICS=off` records nothing (`/metrics` answers 503): the baseline of the
     // benchmark that measures what metrics cost (bench/metrics_cost.py).
     if std::env::var("SWITCHYARD_METRICS").as_deref() != Ok("off") {
@@ -277,42 +278,77 @@ async fn serve(config: Config, listen: Option<String>) -> anyhow::Result<()> {
     if let Some(metrics_listen) = gateway.config.server.metrics_listen.clone() {
         serve_metrics(&metrics_listen, gateway.clone()).await?;
     }
-    let app = switchyard::server::router(gateway);
-    // Without TCP_NODELAY, the second small write of an SSE stream waits for the client's delayed
-    // ACK (~40 ms on Linux): streams crawled at ~700/s while the CPU idled (found by benchmark).
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!("TCP_NODELAY: {e}");
-        }
-    });
-    axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-    )
-    .with_graceful_shutdown(shutdown_signal())
-    .await
-    .context("server")
+    serve_until_drained(listener, gateway, max_connections).await;
+    Ok(())
 }
 
+/// Raises the soft file limit to the hard one and derives the connection cap from it, before
+/// anything opens files.
+fn client_connection_cap(edge: &switchyard::config::EdgeConfig) -> usize {
+    use switchyard::server::listener;
+    let file_limit = listener::raise_file_limit();
+    let max_connections = listener::connection_cap(edge.max_connections, file_limit);
+    tracing::info!(
+        file_limit,
+        max_connections,
+        header_read_timeout_seconds = edge.header_read_timeout.as_secs_f64(),
+        request_body_timeout_seconds = edge.request_body_timeout.as_secs_f64(),
+        shutdown_grace_seconds = edge.shutdown_grace.as_secs_f64(),
+        "client connection limits"
+    );
+    max_connections
+}
+
+/// Serves until SIGTERM (or Ctrl-C) and the drain that follows are over.
+async fn serve_until_drained(
+    listener: tokio::net::TcpListener,
+    gateway: Arc<Gateway>,
+    max_connections: usize,
+) {
+    let edge = gateway.config.server.edge.clone();
+    let drain = gateway.drain.clone();
+    let app = switchyard::server::router(gateway);
+    switchyard::server::listener::serve(
+        listener,
+        app,
+        &edge,
+        max_connections,
+        drain,
+        shutdown_signal(),
+    )
+    .await;
+}
+
+/// Connections the metrics-only listener holds at once: scrapers are few.
+const METRICS_MAX_CONNECTIONS: usize = 64;
+
 /// The metrics-only listener (`server.metrics_listen`): `/metrics` without a token. Its address is
-/// logged, so a parent that asked for port 0 can learn it.
+/// logged, so a parent that asked for port 0 can learn it. It has the main listener's head and
+/// body deadlines and a small connection cap of its own, and keeps answering while the main
+/// listener drains (a scraper sees the drain happen); it ends with the process.
 async fn serve_metrics(listen: &str, gateway: Arc<Gateway>) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen} (server.metrics_listen)"))?;
     let addr = listener.local_addr()?;
     tracing::info!("serving /metrics without a token on http://{addr}/metrics");
+    let edge = gateway.config.server.edge.clone();
     let app = switchyard::server::metrics::listener_router(gateway);
     tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!("the metrics listener stopped: {e}");
-        }
+        switchyard::server::listener::serve(
+            listener,
+            app,
+            &edge,
+            METRICS_MAX_CONNECTIONS,
+            Arc::default(),
+            std::future::pending(),
+        )
+        .await;
     });
     Ok(())
 }
 
-/// Ctrl-C, or SIGTERM as sent by process supervisors and container runtimes: stop accepting and
-/// let in-flight requests finish.
+/// Ctrl-C, or SIGTERM as sent by process supervisors and container runtimes.
 async fn shutdown_signal() {
     let terminate = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
@@ -326,7 +362,6 @@ async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {}
         _ = terminate => {}
     }
-    tracing::info!("shutting down");
 }
 
 async fn check(config_path: &Path) -> anyhow::Result<()> {
@@ -355,7 +390,7 @@ async fn check(config_path: &Path) -> anyhow::Result<()> {
                 r.index,
                 r.endpoint_id,
                 r.kind.as_str(),
-                r.base_url,
+                switchyard::upstream::redact::url(&r.base_url),
                 r.provider_model_id,
                 r.weight,
                 r.priority

@@ -113,6 +113,26 @@ pub fn primary_then_declared(candidates: &[Candidate], primary: usize) -> Vec<u3
     order
 }
 
+/// The declared index of the candidate session affinity pins the caller to, if any: the endpoint
+/// where the caller's prompt cache is warm.
+pub fn affinity_pinned(candidates: &[Candidate]) -> Option<u32> {
+    candidates
+        .iter()
+        .find(|c| c.affinity_pinned)
+        .map(|c| c.index)
+}
+
+/// Moves the affinity-pinned candidate (if any, and if `order` holds it) to the front of `order`,
+/// leaving the rest as they were: what a strategy that honours session affinity does last.
+pub fn affinity_first(candidates: &[Candidate], order: &mut Vec<u32>) {
+    if let Some(pinned) = affinity_pinned(candidates)
+        && let Some(at) = order.iter().position(|&i| i == pinned)
+    {
+        let index = order.remove(at);
+        order.insert(0, index);
+    }
+}
+
 /// Candidate positions grouped by priority, highest priority first; within a tier, declared order.
 ///
 /// Every position appears exactly once; no tier is empty; an empty slice gives no tiers.
@@ -138,6 +158,22 @@ pub fn priority_tiers(candidates: &[Candidate]) -> Vec<Vec<usize>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn affinity_first_moves_only_the_pinned_candidate() {
+        let mut candidates = vec![
+            Candidate::new(0, 1.0),
+            Candidate::new(1, 1.0),
+            Candidate::new(2, 1.0),
+        ];
+        let mut order = vec![2, 0, 1];
+        affinity_first(&candidates, &mut order);
+        assert_eq!(order, vec![2, 0, 1], "no pin: unchanged");
+        candidates[1].affinity_pinned = true;
+        affinity_first(&candidates, &mut order);
+        assert_eq!(order, vec![1, 2, 0]);
+        assert_eq!(affinity_pinned(&candidates), Some(1));
+    }
 
     fn shares(weights: &[f64], draws: u64) -> Vec<f64> {
         let mut counts = vec![0u64; weights.len()];

@@ -75,12 +75,7 @@ async fn put_weights(gw: &Gateway, weights: serde_json::Value) {
 }
 
 async fn deep(gw: &Gateway) -> serde_json::Value {
-    reqwest::get(gw.url("/health/deep"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
+    gw.deep(ADMIN).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -298,7 +293,7 @@ async fn leases_are_released_at_the_first_token_on_error_and_on_disconnect() {
     // 600 ms to the first token, then 10 tokens/s: the prefill ends long before the stream does.
     let a = Mock::start(&["--ttft-ms", "600", "--tokens-per-s", "10"]);
     let gw = Gateway::start(&format!(
-        "models:\n  - id: m\n    route:\n      - kind: openai_compat\n        base_url: {}\n",
+        "server:\n  admin_token: {ADMIN}\nmodels:\n  - id: m\n    route:\n      - kind: openai_compat\n        base_url: {}\n",
         a.base_url()
     ));
     let stream = background_stream(&gw, "sk-1", 4000);

@@ -164,9 +164,27 @@ impl Gateway {
     /// Like [`Gateway::start_with_env`] on the database at `database_url` (a SQLite file in the
     /// test's folder when `None`).
     pub fn start_on(database_url: Option<&str>, body_yaml: &str, env: &[(&str, &str)]) -> Gateway {
+        Self::start_via(Command::new(binary()), database_url, body_yaml, env)
+    }
+
+    /// Like [`Gateway::start`], with the process's file limit (soft and hard) set to `nofile`.
+    pub fn start_with_file_limit(body_yaml: &str, nofile: u32) -> Gateway {
+        let mut sh = Command::new("sh");
+        sh.arg("-c")
+            .arg(format!("ulimit -n {nofile} && exec \"$0\" \"$@\""))
+            .arg(binary());
+        Self::start_via(sh, None, body_yaml, &[("ROUTING_AFFINITY_ENABLED", "0")])
+    }
+
+    /// Starts `cmd` (the binary, or a shell that execs it) with `serve` and its arguments.
+    fn start_via(
+        mut cmd: Command,
+        database_url: Option<&str>,
+        body_yaml: &str,
+        env: &[(&str, &str)],
+    ) -> Gateway {
         let dir = tempfile::tempdir().expect("tempdir");
         let config = write_config_on(dir.path(), database_url, body_yaml);
-        let mut cmd = Command::new(binary());
         cmd.args(["serve", "--config"])
             .arg(&config)
             .args(["--listen", "127.0.0.1:0"]);
@@ -186,6 +204,34 @@ impl Gateway {
         format!("http://127.0.0.1:{}{path}", self.port)
     }
 
+    /// The gateway's process id, for reading its `/proc` entries.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends SIGTERM, as a process supervisor stopping the gateway does.
+    pub fn terminate(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -TERM failed");
+    }
+
+    /// The exit status, once the process has exited; `None` if it is still running after `within`.
+    pub fn wait_exit(&mut self, within: std::time::Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait for serve") {
+                return Some(status);
+            }
+            if std::time::Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     /// Everything the gateway logged so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("gateway.log")).unwrap_or_default()
@@ -203,6 +249,23 @@ impl Gateway {
         let json = serde_json::from_str(&text)
             .unwrap_or_else(|e| panic!("gateway answered non-JSON ({e}): {text}"));
         (status, json)
+    }
+}
+
+impl Gateway {
+    /// `GET /health/deep` with the admin token (it is behind the admin rule unless
+    /// `routing.public_health_deep` is set); panics unless it answers 200.
+    pub async fn deep(&self, admin_token: &str) -> serde_json::Value {
+        let response = reqwest::Client::new()
+            .get(self.url("/health/deep"))
+            .bearer_auth(admin_token)
+            .send()
+            .await
+            .expect("gateway reachable");
+        let status = response.status().as_u16();
+        let text = response.text().await.expect("body");
+        assert_eq!(status, 200, "/health/deep answered {status}: {text}");
+        serde_json::from_str(&text).expect("/health/deep is JSON")
     }
 }
 

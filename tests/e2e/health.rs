@@ -66,12 +66,7 @@ async fn breaker_opens_after_exactly_n_failures_probes_once_and_recovers() {
         "the breaker opened after exactly 3 failures"
     );
 
-    let deep: serde_json::Value = reqwest::get(gw.url("/health/deep"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let deep: serde_json::Value = gw.deep(ADMIN).await;
     let a_id = format!("m:local-{}", a.port);
     let a_report = deep["endpoints"]
         .as_array()
@@ -527,12 +522,7 @@ async fn a_failing_health_check_drains_a_local_deployment() {
 }
 
 async fn endpoint_report(gw: &Gateway, id: &str) -> serde_json::Value {
-    let deep: serde_json::Value = reqwest::get(gw.url("/health/deep"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let deep: serde_json::Value = gw.deep(ADMIN).await;
     deep["endpoints"]
         .as_array()
         .unwrap()

@@ -489,3 +489,127 @@ async fn json_logs_are_one_object_per_line_with_the_request_id() {
         "{log}"
     );
 }
+
+/// The edge's own answers (issue #15) are observed like the others: a request the client
+/// abandoned is a 499 row with its id and counts as `caller_disconnected`; a body that came too
+/// slowly is a 408 with the id in its header and body; a stream that breaks after its first token
+/// ends with an error event that names the id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abandoned_slow_and_broken_requests_carry_their_ids_and_are_counted() {
+    let slow = Mock::start(&["--ttft-ms", "20000"]);
+    let other = Mock::start(&[]);
+    let gw = Gateway::start(&fallback_model(
+        &slow,
+        &other,
+        "  request_body_timeout_seconds: 1\n",
+    ));
+    let metrics = metrics_url(&gw).await;
+
+    // Abandoned: the client gives up long before the upstream's first byte.
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(800))
+        .build()
+        .unwrap();
+    let err = impatient
+        .post(gw.url("/v1/chat/completions"))
+        .header("x-request-id", "abandoned-1")
+        .json(&chat_body("demo", false))
+        .send()
+        .await
+        .expect_err("the upstream answers after 20 s");
+    assert!(err.is_timeout(), "{err}");
+    drop(impatient);
+
+    // Too slow a body: the 408 comes in the endpoint's dialect, with the id.
+    let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", gw.port))
+        .await
+        .unwrap();
+    tokio::io::AsyncWriteExt::write_all(
+        &mut tcp,
+        b"POST /v1/messages HTTP/1.1\r\nhost: x\r\nx-request-id: slow-1\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"model\":",
+    )
+    .await
+    .unwrap();
+    let mut seen = Vec::new();
+    let _ = tokio::time::timeout(
+        Duration::from_secs(15),
+        tokio::io::AsyncReadExt::read_to_end(&mut tcp, &mut seen),
+    )
+    .await;
+    let text = String::from_utf8_lossy(&seen).to_lowercase();
+    assert!(text.starts_with("http/1.1 408"), "{text}");
+    assert!(text.contains("x-request-id: slow-1\r\n"), "{text}");
+    assert!(text.contains(r#""request_id":"slow-1""#), "{text}");
+
+    // Broken after the first token: the error event names the request.
+    slow.behave(json!({ "ttft_ms": 0, "break_stream_after_events": 3 }))
+        .await;
+    let response = reqwest::Client::new()
+        .post(gw.url("/v1/chat/completions"))
+        .header("x-request-id", "broken-1")
+        .json(&chat_body("demo", true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let stream = tokio::time::timeout(Duration::from_secs(30), response.text())
+        .await
+        .expect("the broken stream ends")
+        .unwrap_or_default();
+    let error_event = stream
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+        .find(|v| v.get("error").is_some())
+        .unwrap_or_else(|| panic!("no error event in the stream:\n{stream}"));
+    assert_eq!(error_event["error"]["request_id"], "broken-1", "{stream}");
+
+    let db = sqlx::SqlitePool::connect(&format!(
+        "sqlite://{}",
+        gw.dir.path().join("switchyard.db").display()
+    ))
+    .await
+    .unwrap();
+    let mut rows: Vec<(Option<String>, i64)> = Vec::new();
+    for _ in 0..200 {
+        rows = sqlx::query_as("SELECT request_id, status FROM api_logs ORDER BY id")
+            .fetch_all(&db)
+            .await
+            .unwrap();
+        if rows.len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        rows.contains(&(Some("abandoned-1".to_owned()), 499)),
+        "{rows:?}"
+    );
+    assert!(
+        rows.contains(&(Some("broken-1".to_owned()), 200)),
+        "{rows:?}"
+    );
+
+    let (status, text) = scrape(&metrics, None).await;
+    assert_eq!(status, 200, "{text}");
+    let samples = parse_exposition(&text);
+    let errors = |error_type: &str, class: &str| {
+        value(
+            &samples,
+            "switchyard_errors_total",
+            &[("error_type", error_type), ("status_class", class)],
+        )
+    };
+    assert_eq!(errors("caller_disconnected", "4xx"), 1.0, "{text}");
+    assert_eq!(errors("caller_body_timeout", "4xx"), 1.0, "{text}");
+    assert_eq!(errors("upstream_stream_failed", "2xx"), 1.0, "{text}");
+    assert_eq!(
+        value(
+            &samples,
+            "gen_ai_server_request_duration_seconds_count",
+            &[("status_class", "4xx"), ("endpoint", "none")],
+        ),
+        1.0,
+        "the abandoned request is one 4xx request without an endpoint: {text}"
+    );
+}

@@ -269,7 +269,7 @@ async fn streams_are_relayed_chunk_by_chunk() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stream_never_falls_back_after_its_first_event() {
+async fn a_stream_never_falls_back_after_its_first_content() {
     // Spaced tokens, so the events before the break are flushed to the gateway as a real
     // replica's would be.
     let a = Mock::start(&["--tokens-per-s", "50"]);

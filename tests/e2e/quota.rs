@@ -96,7 +96,7 @@ async fn snapshots_from_a_usage_endpoint_and_the_local_counter_reach_routewise()
     let gw = Gateway::start_with_env(
         &format!(
             "server: {{ admin_token: secret }}
-routing: {{ public_routing_endpoint: true }}
+routing: {{ public_routing_endpoint: true, public_health_deep: true }}
 models:
   - id: m
     router: routewise
@@ -210,7 +210,8 @@ models:
 /// One model whose quota routes each fail to resolve for a different reason.
 fn unresolved_config(usage_base: &str) -> String {
     format!(
-        "models:
+        "routing: {{ public_health_deep: true }}
+models:
   - id: m
     router: routewise
     route:

@@ -7,7 +7,8 @@ async fn run(alpha: f64) -> (u64, u64) {
     let cheap_slow = Mock::start(&["--ttft-ms", "150"]);
     let dear_fast = Mock::start(&[]);
     let gw = Gateway::start(&format!(
-        "models:
+        "server: {{ admin_token: deep-admin }}
+models:
   - id: m
     router: routewise
     router_params: {{ budget_alpha: {alpha} }}
@@ -27,12 +28,7 @@ async fn run(alpha: f64) -> (u64, u64) {
         let (status, body) = gw.chat(chat_body("m", false)).await;
         assert_eq!(status, 200, "{body}");
     }
-    let routing: serde_json::Value = reqwest::get(gw.url("/health/deep"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let routing: serde_json::Value = gw.deep("deep-admin").await;
     assert_eq!(routing["routers"][0]["failures"], 0, "{routing}");
     (
         cheap_slow.chat_requests().await,

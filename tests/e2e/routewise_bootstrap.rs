@@ -66,12 +66,7 @@ fn samples(status: &Value) -> Vec<u64> {
 }
 
 async fn deep(gw: &Gateway) -> Value {
-    reqwest::get(gw.url("/health/deep"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
+    gw.deep(TOKEN).await
 }
 
 async fn a_gateway_started_after_traffic_starts_warm(db: Db) {

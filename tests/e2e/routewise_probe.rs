@@ -105,12 +105,7 @@ models:
         "{fast_ms} vs {slow_ms}"
     );
 
-    let deep: Value = reqwest::get(gw.url("/health/deep"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let deep: Value = gw.deep(TOKEN).await;
     let probes = &deep["routewise"]["probes"]["probed"];
     assert!(probes["probes"].as_u64().unwrap() >= 3, "{probes}");
     assert!(probes["failures"].as_u64().unwrap() >= 1, "{probes}");

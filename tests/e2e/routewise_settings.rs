@@ -424,12 +424,7 @@ async fn a_stored_combination_the_strategy_refuses_keeps_the_previous_router(db:
     .await;
     let start = Instant::now();
     let problems = loop {
-        let deep: Value = reqwest::get(gw.url("/health/deep"))
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let deep: Value = gw.deep(TOKEN).await;
         let problems = deep["routewise"]["settings_problems"].clone();
         if problems.as_array().is_some_and(|p| !p.is_empty()) {
             break problems;
@@ -467,11 +462,6 @@ async fn a_stored_combination_the_strategy_refuses_keeps_the_previous_router(db:
     .await;
     assert_eq!(view["serving"]["applied"], true, "{view}");
     assert!(view["serving"]["problem"].is_null(), "{view}");
-    let deep: Value = reqwest::get(gw.url("/health/deep"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let deep: Value = gw.deep(TOKEN).await;
     assert_eq!(deep["routewise"]["settings_problems"], json!([]));
 }

@@ -69,7 +69,7 @@ fn gateway(models: &str) -> (Gateway, tempfile::TempDir) {
     )
     .unwrap();
     let gateway = Gateway::start(&format!(
-        "strategies:\n  dir: {}\nmodels:\n{models}",
+        "server:\n  admin_token: deep-admin\nstrategies:\n  dir: {}\nmodels:\n{models}",
         dir.path().display()
     ));
     (gateway, dir)
@@ -156,12 +156,7 @@ async fn a_0_1_0_component_routes_real_traffic_in_its_order() {
     assert_eq!(mocks[0].chat_requests().await, 1);
     assert_eq!(mocks[1].chat_requests().await, 1);
 
-    let health: serde_json::Value = reqwest::get(gateway.url("/health/deep"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let health: serde_json::Value = gateway.deep("deep-admin").await;
     let fixture = health["strategies"]
         .as_array()
         .into_iter()

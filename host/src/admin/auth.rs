@@ -1,5 +1,6 @@
-//! The one rule for admin endpoints — every path under `/admin/`, and `GET /routing` unless
-//! `routing.public_routing_endpoint` is set:
+//! The one rule for admin endpoints — every path under `/admin/`, `GET /routing` unless
+//! `routing.public_routing_endpoint` is set, and `GET /health/deep` unless
+//! `routing.public_health_deep` is set:
 //!
 //! **the caller presents `Authorization: Bearer <admin token>` (`server.admin_token` or
 //! `$SWITCHYARD_ADMIN_TOKEN`), or `Authorization: Bearer <key>` with an active key of an enabled

@@ -185,7 +185,7 @@ async fn store_status(
     let store = store(&gateway)?;
     Ok(Json(StoreStatus {
         backend: store.backend(),
-        sync: store.snapshots().status(),
+        sync: store.sync_status(),
         snapshot: store.snapshot().counts(),
     }))
 }

@@ -11,6 +11,7 @@ use super::error::{ApiError, Body};
 use super::store;
 use crate::entity::*;
 use crate::gateway::Gateway;
+use crate::store::StoreError;
 
 #[utoipa::path(get, path = "/admin/routes", tag = "routes",
     responses((status = 200, body = [Route])))]
@@ -82,6 +83,7 @@ pub async fn list_plugins(
     request_body = NewPluginConfig,
     params(("id" = String, Path, description = "Route id")),
     responses((status = 201, body = PluginConfig), (status = 404),
+        (status = 422, description = "Unknown plugin (the message lists the known ones) or bad config"),
         (status = 409, description = "The route already has a config for this plugin")))]
 pub async fn create_plugin(
     _: AdminCaller,
@@ -89,6 +91,7 @@ pub async fn create_plugin(
     Path(id): Path<String>,
     Body(new): Body<NewPluginConfig>,
 ) -> Result<(StatusCode, Json<PluginConfig>), ApiError> {
+    require_known_plugin(&new.plugin).map_err(StoreError::from)?;
     let plugin = store(&g)?.config().create_plugin_config(&id, new).await?;
     Ok((StatusCode::CREATED, Json(plugin)))
 }
@@ -121,6 +124,9 @@ pub async fn update_plugin(
     Path((id, plugin_id)): Path<(String, String)>,
     Body(patch): Body<PluginConfigPatch>,
 ) -> Result<Json<PluginConfig>, ApiError> {
+    if let Some(name) = &patch.plugin {
+        require_known_plugin(name).map_err(StoreError::from)?;
+    }
     Ok(Json(
         store(&g)?
             .config()

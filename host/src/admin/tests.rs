@@ -402,6 +402,19 @@ async fn every_resource_round_trips_over_http() {
             json!({"plugin": "rate-limit", "config": {"rpm": 10}}),
         )
         .await;
+    assert_eq!(status, 422, "no plugin named rate-limit runs: {plugin}");
+    assert_eq!(plugin["error"]["param"], "plugin");
+    let message = plugin["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("unknown plugin `rate-limit`; known plugins: test-noop"),
+        "{message}"
+    );
+    let (status, plugin) = s
+        .post(
+            &format!("/admin/routes/{rid}/plugins"),
+            json!({"plugin": "test-noop", "config": {"rpm": 10}}),
+        )
+        .await;
     assert_eq!(status, 201, "{plugin}");
     let pid = plugin["id"].as_str().unwrap();
     let (_, plugin) = s

@@ -1,6 +1,8 @@
 //! Operator views outside `/admin/`: where every model's traffic goes (`GET /routing`, behind the
 //! admin rule of [`super::auth`] unless `routing.public_routing_endpoint` is set) and the gateway's
-//! deep health (`GET /health/deep`, open to probes).
+//! deep health (`GET /health/deep`, behind the same rule unless `routing.public_health_deep` is
+//! set: it names upstreams, quotes their errors and shows strategy paths). Probes use the public
+//! `/health` and `/health/ready` (`server/`).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -11,9 +13,12 @@ use axum::http::HeaderMap;
 
 use super::auth::authorize;
 use super::error::ApiError;
+use crate::config::ModelUpstream;
 use crate::gateway::Gateway;
 use crate::routing::health::CircuitState;
+use crate::store::health::DatabaseHealth;
 use crate::strategy::CatalogEntry;
+use crate::upstream::redact;
 
 /// `GET /routing`: every published model's effective weights and where each route stands.
 pub async fn routing(
@@ -27,26 +32,24 @@ pub async fn routing(
     let now = std::time::Instant::now();
     let mut models = Vec::new();
     for m in table.models().filter(|m| m.config.published) {
-        let total: f64 = m
+        let admitted: Vec<bool> = m
             .upstreams()
             .iter()
-            .filter(|r| gateway.routing.health.admits(&r.endpoint_id, now).is_some())
-            .map(|r| r.weight)
-            .sum();
+            .map(|r| gateway.routing.health.circuit(&r.endpoint_id, now) != CircuitState::Open)
+            .collect();
+        let (shares, share_basis) =
+            primary_shares(&m.router.strategy.name, m.upstreams(), &admitted);
         let routes: Vec<_> = m
             .upstreams()
             .iter()
-            .map(|r| {
+            .enumerate()
+            .map(|(i, r)| {
                 let circuit = gateway.routing.health.circuit(&r.endpoint_id, now);
-                let share = if total > 0.0 && circuit != CircuitState::Open {
-                    r.weight / total
-                } else {
-                    0.0
-                };
+                let share = shares.as_ref().map(|s| s[i]);
                 serde_json::json!({
                     "endpoint_id": r.endpoint_id,
                     "provider": r.kind.as_str(),
-                    "base_url": r.base_url,
+                    "base_url": redact::url(&r.base_url),
                     "provider_model_id": r.provider_model_id,
                     "declared_weight": r.declared_weight,
                     "weight": r.weight,
@@ -65,6 +68,7 @@ pub async fn routing(
             "aliases": m.config.aliases,
             "router": m.router.strategy.name,
             "router_version": m.router.strategy.version,
+            "share_basis": share_basis,
             "routes": routes,
             "strategy_status": m.router.status().await,
         }));
@@ -93,8 +97,64 @@ pub async fn routing(
     })))
 }
 
-/// `GET /health/deep`: endpoints, strategies and storage, for operators and probes.
-pub async fn health_deep(State(gateway): State<Arc<Gateway>>) -> Json<serde_json::Value> {
+/// The share of primaries each upstream gets from the model's strategy right now (breakers as
+/// they stand, no session affinity or prefill pressure), and how it was worked out. The host can
+/// tell for the built-in `fixed` (a weighted draw in the highest priority tier that has an admitted
+/// upstream with weight, so lower tiers get 0) and `round_robin` (a rotation over the admitted
+/// upstreams with weight); any other strategy decides per request (`None`: see its
+/// `strategy_status`).
+fn primary_shares(
+    strategy: &str,
+    upstreams: &[ModelUpstream],
+    admitted: &[bool],
+) -> (Option<Vec<f64>>, &'static str) {
+    let eligible = |i: usize| admitted[i] && upstreams[i].weight > 0.0;
+    let mut shares = vec![0.0; upstreams.len()];
+    match strategy {
+        "fixed" => {
+            let top = (0..upstreams.len())
+                .filter(|&i| eligible(i))
+                .map(|i| upstreams[i].priority)
+                .max();
+            let in_top = |i: usize| eligible(i) && Some(upstreams[i].priority) == top;
+            let total: f64 = (0..upstreams.len())
+                .filter(|&i| in_top(i))
+                .map(|i| upstreams[i].weight)
+                .sum();
+            for (i, share) in shares.iter_mut().enumerate() {
+                if in_top(i) && total > 0.0 {
+                    *share = upstreams[i].weight / total;
+                }
+            }
+            (
+                Some(shares),
+                "weight within the highest priority tier with an admitted upstream",
+            )
+        }
+        "round_robin" => {
+            let n = (0..upstreams.len()).filter(|&i| eligible(i)).count();
+            for (i, share) in shares.iter_mut().enumerate() {
+                if eligible(i) {
+                    *share = 1.0 / n as f64;
+                }
+            }
+            (Some(shares), "rotation over the admitted upstreams")
+        }
+        _ => (
+            None,
+            "decided per request by the strategy; see strategy_status",
+        ),
+    }
+}
+
+/// `GET /health/deep`: endpoints, strategies and storage, for operators.
+pub async fn health_deep(
+    State(gateway): State<Arc<Gateway>>,
+    headers: HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    if !gateway.config.routing.public_health_deep {
+        authorize(&gateway, &headers).await?;
+    }
     let strategies: Vec<_> = gateway
         .catalog
         .entries()
@@ -124,13 +184,12 @@ pub async fn health_deep(State(gateway): State<Arc<Gateway>>) -> Json<serde_json
         })
         .collect();
     let endpoints = gateway.routing.health.report();
-    let degraded = endpoints.iter().any(|e| !e.healthy);
-    let api_log = gateway.api_log.as_ref().map(|l| {
-        serde_json::json!({
-            "dropped_rows": l.dropped.load(Ordering::Relaxed),
-            "failed_rows": l.write_errors.load(Ordering::Relaxed),
-        })
-    });
+    let database = gateway
+        .store
+        .as_ref()
+        .map(|s| DatabaseHealth::gather(s, gateway.api_log.as_ref()));
+    let degraded =
+        endpoints.iter().any(|e| !e.healthy) || database.as_ref().is_some_and(|d| d.failing());
     let prefill: serde_json::Map<String, serde_json::Value> = gateway
         .routing
         .prefill
@@ -151,13 +210,11 @@ pub async fn health_deep(State(gateway): State<Arc<Gateway>>) -> Json<serde_json
         "endpoints": endpoints,
         "strategies": strategies,
         "routers": routers,
-        "database": gateway.store.as_ref().map(|s| s.backend()),
-        "database_sync": gateway.store.as_ref().map(|s| s.snapshots().status()),
-        "api_logs": api_log,
+        "database": database,
     });
     // The extension's sections (RouteWise: `quota`, `routewise`).
     for (key, section) in gateway.extension.health() {
         deep[key] = section;
     }
-    Json(deep)
+    Ok(Json(deep))
 }

@@ -32,6 +32,7 @@ pub(super) fn pick<T: std::str::FromStr + Copy>(
     match env(var).filter(|v| !v.trim().is_empty()) {
         Some(v) => v.trim().parse().map_err(|_| ConfigError::Invalid {
             file: path.to_owned(),
+            location: String::new(),
             path: format!("environment variable {var}"),
             message: format!("`{v}` is not a valid value"),
         }),
@@ -207,6 +208,7 @@ pub(super) fn health_config(
     )?;
     let bad = |key: &str, message: String| ConfigError::Invalid {
         file: path.to_owned(),
+        location: String::new(),
         path: format!("health.{key}"),
         message,
     };

@@ -1,7 +1,8 @@
-//! Loading the YAML config: read, interpolate `${VAR}`, parse strictly, validate into runtime types.
+//! Loading the YAML config: read, parse strictly while interpolating `${VAR}` into scalar values,
+//! validate into runtime types.
 //!
-//! Every error names the file; parse errors also give the line and the key path
-//! (`models[0].route[1]: unknown field ...`), validation errors the model id and key.
+//! Every error names the file, the line and the key path (`models[0].route[1]: unknown field ...`);
+//! validation errors also name the model id.
 //!
 //! The work is split by job: `runtime` types are what the rest of the host reads, `validate`
 //! turns the raw YAML ([`raw`]) into them, `knobs` reads the settings that an environment variable
@@ -10,6 +11,7 @@
 mod endpoint_id;
 mod interpolate;
 mod knobs;
+mod lines;
 pub mod raw;
 mod runtime;
 mod validate;
@@ -20,10 +22,12 @@ mod tests;
 use std::path::{Path, PathBuf};
 
 pub use endpoint_id::{endpoint_id, is_loopback};
+pub use lines::KeyLines;
 pub use raw::{Capability, DefaultAuth, LogFormat, ProviderKind};
 pub use runtime::{
-    Config, DatabaseModelsConfig, HealthCheckConfig, LoggingConfig, ModelConfig, ModelUpstream,
-    PoolKey, RoutingConfig, ServerConfig, StrategiesConfig, UpstreamClientConfig,
+    Config, DatabaseModelsConfig, EdgeConfig, HealthCheckConfig, LoggingConfig, ModelConfig,
+    ModelUpstream, PoolKey, RoutingConfig, ServerConfig, StrategiesConfig, StreamDeadlineOverrides,
+    StreamDeadlines, UpstreamClientConfig,
 };
 
 /// A config that could not be loaded. The message always names the file.
@@ -52,10 +56,12 @@ pub enum ConfigError {
         path: String,
         message: String,
     },
-    /// The YAML parsed but a value is not acceptable.
-    #[error("{file}: {path}: {message}")]
+    /// The YAML parsed but a value is not acceptable. `location` is `:LINE` (the key's line) or
+    /// empty when the value is not in the file (a default, an environment variable).
+    #[error("{file}{location}: {path}: {message}")]
     Invalid {
         file: PathBuf,
+        location: String,
         path: String,
         message: String,
     },
@@ -81,15 +87,33 @@ impl Config {
         text: &str,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Config, ConfigError> {
-        let text = interpolate::interpolate(text, env).map_err(|missing| {
-            ConfigError::MissingVariable {
-                file: path.to_owned(),
-                line: missing.line,
-                var: missing.var,
-            }
-        })?;
-        let raw = validate::parse(path, &text)?;
-        validate::validate(path, raw, env)
+        let raw = validate::parse(path, text, env)?;
+        let lines = KeyLines::new(text);
+        validate::validate(path, raw, env, lines.clone()).map_err(|e| match e {
+            ConfigError::Invalid {
+                file,
+                location,
+                path,
+                message,
+            } if location.is_empty() => ConfigError::Invalid {
+                file,
+                location: lines
+                    .line(&path)
+                    .map(|l| format!(":{l}"))
+                    .unwrap_or_default(),
+                path,
+                message,
+            },
+            e => e,
+        })
+    }
+
+    /// `:LINE` of a key path in this config's file, or empty (see [`KeyLines::line`]).
+    pub fn location_of(&self, key_path: &str) -> String {
+        self.lines
+            .line(key_path)
+            .map(|l| format!(":{l}"))
+            .unwrap_or_default()
     }
 
     /// Resolves a path written in the config relative to the config file's folder.

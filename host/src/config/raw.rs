@@ -48,6 +48,21 @@ pub struct RawServer {
     pub default_max_attempts: Option<i64>,
     /// Largest request body accepted, in MiB (default 32: room for base64 images).
     pub max_body_mib: Option<u64>,
+    /// Time a client has to send a request's head, counted from when its connection opened or
+    /// its previous response ended; so also how long an idle keep-alive connection stays open
+    /// (default 30).
+    pub header_read_timeout_seconds: Option<f64>,
+    /// Time a client has to send a whole request body once its head is in (default 60).
+    pub request_body_timeout_seconds: Option<f64>,
+    /// Client connections held at once; more are answered 503 and closed (default: derived from
+    /// the process's file limit).
+    pub max_connections: Option<u64>,
+    /// After SIGTERM, how long in-flight requests may run before they are ended (default 30).
+    pub shutdown_grace_seconds: Option<f64>,
+    /// Most messages in one chat request (default 100,000).
+    pub max_messages: Option<u64>,
+    /// Most content parts and other nested JSON objects in one chat request (default 200,000).
+    pub max_content_parts: Option<u64>,
     /// A second listener that serves only `GET /metrics`, without the admin token (for a
     /// scraper on a private network); `SWITCHYARD_METRICS_LISTEN` wins when set.
     pub metrics_listen: Option<String>,
@@ -118,6 +133,12 @@ impl Default for RawServer {
             default_max_attempts: None,
             max_body_mib: None,
             metrics_listen: None,
+            header_read_timeout_seconds: None,
+            request_body_timeout_seconds: None,
+            max_connections: None,
+            shutdown_grace_seconds: None,
+            max_messages: None,
+            max_content_parts: None,
         }
     }
 }
@@ -168,6 +189,10 @@ pub struct RawRouting {
     /// Serve `GET /routing` without the admin token (it shows upstream hosts).
     #[serde(default)]
     pub public_routing_endpoint: bool,
+    /// Serve `GET /health/deep` without the admin token (it shows upstream ids, their last
+    /// errors and strategy paths). `/health` and `/health/ready` are always public.
+    #[serde(default)]
+    pub public_health_deep: bool,
     /// Deployment weight policy: local deployments share this fraction of traffic (models whose
     /// router is `fixed` only).
     pub local_fraction: Option<f64>,
@@ -242,6 +267,7 @@ impl Default for RawRouting {
         Self {
             default_router: default_router(),
             public_routing_endpoint: false,
+            public_health_deep: false,
             local_fraction: None,
             health_check: None,
             affinity: RawAffinity::default(),
@@ -288,6 +314,16 @@ pub struct RawUpstreamClient {
     pub first_byte_timeout_seconds: Option<u64>,
     /// Time allowed for a whole non-streaming answer.
     pub request_timeout_seconds: Option<u64>,
+    /// Default time from dispatch to a stream's first content or tool-call delta.
+    pub first_token_timeout_seconds: Option<f64>,
+    /// Default longest silence between a stream's events once its content flows.
+    pub idle_timeout_seconds: Option<f64>,
+    /// Default longest time a whole stream may take.
+    pub stream_timeout_seconds: Option<f64>,
+    /// Largest whole (non-streaming) answer read from an upstream, in MiB.
+    pub max_body_mib: Option<u64>,
+    /// Largest single event (or line) of an upstream stream, in KiB.
+    pub max_event_kib: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -356,6 +392,12 @@ pub struct RawUpstream {
     pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
     /// The inbound calls this route can serve; replaces the provider kind's default set.
     pub capabilities: Option<Vec<Capability>>,
+    /// Overrides `upstream.first_token_timeout_seconds` for this upstream.
+    pub first_token_timeout_seconds: Option<f64>,
+    /// Overrides `upstream.idle_timeout_seconds` for this upstream.
+    pub idle_timeout_seconds: Option<f64>,
+    /// Overrides `upstream.stream_timeout_seconds` for this upstream.
+    pub stream_timeout_seconds: Option<f64>,
 }
 
 pub use crate::entity::Capability;

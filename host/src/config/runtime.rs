@@ -20,6 +20,8 @@ pub struct Config {
     pub models: Vec<ModelConfig>,
     /// Inbound routes declared in the file, validated like the database's (ids `yaml:NAME`).
     pub routes: Vec<crate::entity::Route>,
+    /// The file's text, to give later errors (a model's strategy) the line of their key.
+    pub lines: super::KeyLines,
 }
 
 #[derive(Debug, Clone)]
@@ -32,8 +34,37 @@ pub struct ServerConfig {
     /// `max_attempts` of the implicit route.
     pub default_max_attempts: usize,
     pub max_body_bytes: usize,
+    /// Client connections: head and body deadlines, the connection cap, the drain deadline.
+    pub edge: EdgeConfig,
+    /// Most messages and nested parts of one chat request, checked as its body is read.
+    pub request_limits: crate::protocol::json::Limits,
     /// The metrics-only listener's address (`server.metrics_listen`).
     pub metrics_listen: Option<String>,
+}
+
+/// Bounds on what a client connection may hold (`server.*` in the file).
+#[derive(Debug, Clone)]
+pub struct EdgeConfig {
+    /// The whole request head, from connection open or the end of the previous response (the
+    /// keep-alive idle time counts).
+    pub header_read_timeout: Duration,
+    /// The whole request body, from the end of its head.
+    pub request_body_timeout: Duration,
+    /// Connections held at once; `None` derives the cap from the process's file limit.
+    pub max_connections: Option<usize>,
+    /// From SIGTERM to the end of the requests still in flight.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for EdgeConfig {
+    fn default() -> Self {
+        Self {
+            header_read_timeout: Duration::from_secs(30),
+            request_body_timeout: Duration::from_secs(60),
+            max_connections: None,
+            shutdown_grace: Duration::from_secs(30),
+        }
+    }
 }
 
 /// `logging:`, validated.
@@ -64,6 +95,8 @@ pub struct StrategiesConfig {
 pub struct RoutingConfig {
     pub default_router: String,
     pub public_routing_endpoint: bool,
+    /// `GET /health/deep` without admin credentials.
+    pub public_health_deep: bool,
     pub local_fraction: Option<f64>,
     pub health_check: Option<HealthCheckConfig>,
     pub affinity: crate::routing::affinity::AffinityConfig,
@@ -83,6 +116,43 @@ pub struct UpstreamClientConfig {
     pub connect_timeout: Duration,
     pub first_byte_timeout: Duration,
     pub request_timeout: Duration,
+    /// The stream deadlines of upstreams that set none of their own.
+    pub stream_deadlines: StreamDeadlines,
+    /// Largest whole answer read from an upstream.
+    pub max_body_bytes: usize,
+    /// Largest single event (or line) of an upstream stream.
+    pub max_event_bytes: usize,
+}
+
+/// How long a stream may take at each stage. Before its first content only `first_token` and
+/// `total` apply (a reasoning model may think silently for minutes); after it, `idle` and `total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamDeadlines {
+    /// From dispatch to the first content or tool-call delta.
+    pub first_token: Duration,
+    /// Between two upstream events once content flows.
+    pub idle: Duration,
+    /// From dispatch to the end of the stream.
+    pub total: Duration,
+}
+
+/// An upstream's own stream deadlines; `None` keeps the `upstream:` section's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StreamDeadlineOverrides {
+    pub first_token: Option<Duration>,
+    pub idle: Option<Duration>,
+    pub total: Option<Duration>,
+}
+
+impl StreamDeadlines {
+    /// These deadlines with `overrides` applied.
+    pub fn with(self, overrides: &StreamDeadlineOverrides) -> StreamDeadlines {
+        StreamDeadlines {
+            first_token: overrides.first_token.unwrap_or(self.first_token),
+            idle: overrides.idle.unwrap_or(self.idle),
+            total: overrides.total.unwrap_or(self.total),
+        }
+    }
 }
 
 /// One public model and its upstreams (YAML `route:`), in declared order.
@@ -129,6 +199,8 @@ pub struct ModelUpstream {
     pub metadata: serde_json::Map<String, serde_json::Value>,
     /// The inbound calls this route serves.
     pub capabilities: Vec<Capability>,
+    /// Stream deadlines of this upstream's own, over the `upstream:` section's.
+    pub stream_deadlines: StreamDeadlineOverrides,
 }
 
 /// One key of a pool: every key of an upstream (or of a YAML route's `api_key`/`api_keys`) is a

@@ -30,7 +30,7 @@ fn bad_weight_names_model_and_key() {
     .to_string();
     assert_eq!(
         err,
-        "test.yaml: models[0] (m).route[0].weight: must be a finite number >= 0, got -1"
+        "test.yaml:6: models[0] (m).route[0].weight: must be a finite number >= 0, got -1"
     );
 }
 
@@ -145,7 +145,89 @@ fn logging_and_the_metrics_listener_are_read_from_the_file_and_the_environment()
         .unwrap_err()
         .to_string();
     assert!(
-        err.starts_with("test.yaml: logging.level: `switchyard=loud`"),
+        err.starts_with("test.yaml:2: logging.level: `switchyard=loud`"),
         "{err}"
+    );
+    let err = load("server:\n  metrics_listen: 9464\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("test.yaml:2: server.metrics_listen: `9464` is not a socket address"),
+        "{err}"
+    );
+}
+
+#[test]
+fn variables_are_interpolated_into_scalar_values_with_their_types() {
+    let env = |name: &str| match name {
+        "KEY" => Some("sk-a #b".to_owned()),
+        "PM" => Some("pm\nserver:\n  default_auth: disabled".to_owned()),
+        "W" => Some("0.5".to_owned()),
+        "P" => Some("-3".to_owned()),
+        "LOCAL" => Some("true".to_owned()),
+        "ALPHA" => Some("0.25".to_owned()),
+        _ => None,
+    };
+    let c = Config::from_yaml(
+        Path::new("t.yaml"),
+        "models:\n  - id: m\n    router_params: { budget_alpha: \"${ALPHA}\", label: \"x ${W}\" }\n    route:\n      - kind: ${KIND:-anthropic}\n        base_url: http://127.0.0.1:9001\n        weight: ${W}\n        priority: ${P}\n        local_deployment: ${LOCAL}\n        api_key: ${KEY} # ${NOT_NEEDED}\n        provider_model_id: ${PM}\n",
+        &env,
+    )
+    .unwrap();
+    let r = &c.models[0].upstreams[0];
+    assert_eq!(r.kind, ProviderKind::Anthropic);
+    assert_eq!(r.weight, 0.5);
+    assert_eq!(r.priority, -3);
+    assert!(r.local_deployment);
+    assert_eq!(r.api_key.as_deref(), Some("sk-a #b"));
+    assert_eq!(r.provider_model_id, "pm\nserver:\n  default_auth: disabled");
+    assert_eq!(c.server.default_auth, DefaultAuth::ConsumerKeys);
+    assert_eq!(
+        c.models[0].router_params,
+        serde_json::json!({ "budget_alpha": 0.25, "label": "x 0.5" })
+    );
+}
+
+#[test]
+fn a_missing_variable_is_reported_at_its_line() {
+    let err = load("server:\n  listen: 127.0.0.1:1\n  admin_token: ${NOPE}\n")
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "test.yaml:3: environment variable NOPE is not set (write ${NOPE:-} to make it optional)"
+    );
+}
+
+#[test]
+fn client_connection_bounds_have_defaults_and_name_their_key_when_invalid() {
+    let c = load("").unwrap();
+    assert_eq!(c.server.edge.header_read_timeout, Duration::from_secs(30));
+    assert_eq!(c.server.edge.request_body_timeout, Duration::from_secs(60));
+    assert_eq!(c.server.edge.shutdown_grace, Duration::from_secs(30));
+    assert_eq!(c.server.edge.max_connections, None);
+    let c = load(
+        "server:\n  header_read_timeout_seconds: 2.5\n  max_connections: 100\n  shutdown_grace_seconds: 5\n",
+    )
+    .unwrap();
+    assert_eq!(
+        c.server.edge.header_read_timeout,
+        Duration::from_millis(2500)
+    );
+    assert_eq!(c.server.edge.max_connections, Some(100));
+    assert_eq!(c.server.edge.shutdown_grace, Duration::from_secs(5));
+    let err = load("server:\n  request_body_timeout_seconds: 0\n")
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "test.yaml:2: server.request_body_timeout_seconds: must be a number of seconds above 0 and at most 86400, got 0"
+    );
+    let err = load("server:\n  max_connections: 0\n")
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "test.yaml:2: server.max_connections: must be at least 1"
     );
 }

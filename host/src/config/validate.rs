@@ -5,20 +5,37 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::time::Duration;
 
+use crate::entity::mask_url_password;
+
 use super::knobs::{affinity_and_prefill, health_config, key_pool_config, pick};
 use super::{
-    Config, ConfigError, DEFAULT_GROUP, DatabaseModelsConfig, DefaultAuth, HealthCheckConfig,
-    LogFormat, LoggingConfig, ModelConfig, ModelUpstream, PoolKey, RoutingConfig, ServerConfig,
-    StrategiesConfig, UpstreamClientConfig, endpoint_id, raw,
+    Config, ConfigError, DEFAULT_GROUP, DatabaseModelsConfig, DefaultAuth, EdgeConfig,
+    HealthCheckConfig, KeyLines, LogFormat, LoggingConfig, ModelConfig, ModelUpstream, PoolKey,
+    RoutingConfig, ServerConfig, StrategiesConfig, UpstreamClientConfig, endpoint_id, interpolate,
+    raw,
 };
 
-pub(super) fn parse(path: &Path, text: &str) -> Result<raw::RawConfig, ConfigError> {
+/// Parses `text` strictly, interpolating `${VAR}` from `env` into scalar values as they are read.
+pub(super) fn parse(
+    path: &Path,
+    text: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<raw::RawConfig, ConfigError> {
     // An empty file is a valid (if useless) config.
     let text = if text.trim().is_empty() { "{}" } else { text };
-    let deserializer = serde_norway::Deserializer::from_str(text);
+    let cx = interpolate::Context::new(env);
+    let deserializer =
+        interpolate::Interpolating::new(serde_norway::Deserializer::from_str(text), &cx);
     serde_path_to_error::deserialize(deserializer).map_err(|err| {
         let key_path = err.path().to_string();
         let inner = err.into_inner();
+        if let (Some(var), Some(l)) = (cx.missing_variable(), inner.location()) {
+            return ConfigError::MissingVariable {
+                file: path.to_owned(),
+                line: l.line(),
+                var,
+            };
+        }
         let location = inner
             .location()
             .map(|l| format!(":{}:{}", l.line(), l.column()))
@@ -45,9 +62,11 @@ pub(super) fn validate(
     path: &Path,
     raw: raw::RawConfig,
     env: &dyn Fn(&str) -> Option<String>,
+    lines: KeyLines,
 ) -> Result<Config, ConfigError> {
     let invalid = |key: String, message: String| ConfigError::Invalid {
         file: path.to_owned(),
+        location: String::new(),
         path: key,
         message,
     };
@@ -99,12 +118,19 @@ pub(super) fn validate(
                     format!("must be a finite number >= 0, got {}", r.weight),
                 ));
             }
-            let url = url::Url::parse(r.base_url.trim())
-                .map_err(|e| invalid(rat("base_url"), format!("`{}`: {e}", r.base_url)))?;
+            let url = url::Url::parse(r.base_url.trim()).map_err(|e| {
+                invalid(
+                    rat("base_url"),
+                    format!("`{}`: {e}", mask_url_password(&r.base_url)),
+                )
+            })?;
             if url.scheme() != "http" && url.scheme() != "https" {
                 return Err(invalid(
                     rat("base_url"),
-                    format!("`{}`: only http and https are supported", r.base_url),
+                    format!(
+                        "`{}`: only http and https are supported",
+                        mask_url_password(&r.base_url)
+                    ),
                 ));
             }
             if let Some(p) = &r.pricing {
@@ -122,6 +148,14 @@ pub(super) fn validate(
                     }
                 }
             }
+            let stream_deadlines = crate::config::StreamDeadlineOverrides {
+                first_token: seconds(r.first_token_timeout_seconds)
+                    .map_err(|m| invalid(rat("first_token_timeout_seconds"), m))?,
+                idle: seconds(r.idle_timeout_seconds)
+                    .map_err(|m| invalid(rat("idle_timeout_seconds"), m))?,
+                total: seconds(r.stream_timeout_seconds)
+                    .map_err(|m| invalid(rat("stream_timeout_seconds"), m))?,
+            };
             let base_id = endpoint_id(&m.id, r.kind, &url);
             // Two routes of one model at the same location would share health and latency state;
             // the later ones get a numeric suffix so each route keeps its own.
@@ -139,15 +173,29 @@ pub(super) fn validate(
             let declared = r
                 .api_key
                 .iter()
-                .map(|k| (k.clone(), Default::default()))
-                .chain(r.api_keys.iter().map(|k| match k {
-                    raw::RawKey::Plain(k) => (k.clone(), Default::default()),
-                    raw::RawKey::Reserved(k) => (k.key.clone(), k.min_role),
+                .map(|k| ("api_key".to_owned(), k.clone(), Default::default()))
+                .chain(r.api_keys.iter().enumerate().map(|(i, k)| match k {
+                    raw::RawKey::Plain(k) => {
+                        (format!("api_keys[{i}]"), k.clone(), Default::default())
+                    }
+                    raw::RawKey::Reserved(k) => {
+                        (format!("api_keys[{i}].key"), k.key.clone(), k.min_role)
+                    }
                 }));
-            for (key, role) in declared {
+            for (field, key, role) in declared {
                 let key = key.trim().to_owned();
                 if key.is_empty() {
                     continue;
+                }
+                if let Some(bad) = control_char(&key) {
+                    return Err(invalid(
+                        rat(&field),
+                        format!(
+                            "contains the control character {bad:?}; a key is sent in an HTTP \
+                             header, where it would fail every request (check the variable or \
+                             file it comes from)"
+                        ),
+                    ));
                 }
                 match keys.iter_mut().find(|(k, _)| *k == key) {
                     Some((_, strictest)) => *strictest = (*strictest).max(role),
@@ -179,6 +227,7 @@ pub(super) fn validate(
                 capabilities: r
                     .capabilities
                     .unwrap_or_else(|| r.kind.default_capabilities()),
+                stream_deadlines,
             };
             if keys.is_empty() {
                 routes.push(ModelUpstream {
@@ -338,15 +387,87 @@ pub(super) fn validate(
             }
         },
     };
-    let metrics_listen = env("SWITCHYARD_METRICS_LISTEN")
-        .or(raw.server.metrics_listen)
-        .map(|a| a.trim().to_owned())
-        .filter(|a| !a.is_empty());
-    let admin_token = env("SWITCHYARD_ADMIN_TOKEN")
-        .or(raw.server.admin_token)
-        .filter(|t| !t.trim().is_empty());
+    let metrics_listen = match env("SWITCHYARD_METRICS_LISTEN") {
+        Some(a) => Some(("environment variable SWITCHYARD_METRICS_LISTEN", a)),
+        None => raw
+            .server
+            .metrics_listen
+            .clone()
+            .map(|a| ("server.metrics_listen", a)),
+    }
+    .map(|(key, a)| (key, a.trim().to_owned()))
+    .filter(|(_, a)| !a.is_empty());
+    if let Some((key, listen)) = &metrics_listen
+        && let Err(message) = check_listen(listen)
+    {
+        return Err(invalid((*key).to_owned(), message));
+    }
+    let metrics_listen = metrics_listen.map(|(_, a)| a);
+    let edge = edge_config(&raw.server).map_err(|(key, message)| invalid(key, message))?;
+    let admin_token = match env("SWITCHYARD_ADMIN_TOKEN") {
+        Some(t) => Some(("environment variable SWITCHYARD_ADMIN_TOKEN", t)),
+        None => raw.server.admin_token.map(|t| ("server.admin_token", t)),
+    }
+    .filter(|(_, t)| !t.trim().is_empty());
+    if let Some((key, token)) = &admin_token
+        && let Some(bad) = control_char(token.trim())
+    {
+        return Err(invalid(
+            (*key).to_owned(),
+            format!(
+                "contains the control character {bad:?}; a bearer token in an HTTP header \
+                 cannot hold one, so no request could ever present it"
+            ),
+        ));
+    }
+    let admin_token = admin_token.map(|(_, t)| t);
+    if let Err(message) = check_listen(&raw.server.listen) {
+        return Err(invalid("server.listen".into(), message));
+    }
     let s = raw.strategies;
     let u = raw.upstream;
+    // A zero timeout does not mean "none": it fails every request (or every health check).
+    for (key, value) in [
+        ("upstream.connect_timeout_ms", u.connect_timeout_ms),
+        (
+            "upstream.first_byte_timeout_seconds",
+            u.first_byte_timeout_seconds,
+        ),
+        (
+            "upstream.request_timeout_seconds",
+            u.request_timeout_seconds,
+        ),
+        (
+            "routing.health_check.timeout_ms",
+            raw.routing.health_check.as_ref().and_then(|h| h.timeout_ms),
+        ),
+    ] {
+        if value == Some(0) {
+            return Err(invalid(
+                key.to_owned(),
+                "must be greater than 0 (0 would fail every request at once)".into(),
+            ));
+        }
+    }
+    let upstream_seconds = |value: Option<f64>, key: &str, default: u64| {
+        seconds(value)
+            .map(|d| d.unwrap_or(Duration::from_secs(default)))
+            .map_err(|m| invalid(format!("upstream.{key}"), m))
+    };
+    // Defaults a healthy provider never reaches: models that reason before they answer (without
+    // streaming their reasoning) can take minutes to a first token, as long as a whole answer's
+    // headers may take (`first_byte_timeout_seconds`); once content flows, providers send an
+    // event (or a keep-alive) every few seconds; and a long answer (64k tokens at 30 tokens/s)
+    // takes about 35 minutes.
+    let stream_deadlines = crate::config::StreamDeadlines {
+        first_token: upstream_seconds(
+            u.first_token_timeout_seconds,
+            "first_token_timeout_seconds",
+            300,
+        )?,
+        idle: upstream_seconds(u.idle_timeout_seconds, "idle_timeout_seconds", 120)?,
+        total: upstream_seconds(u.stream_timeout_seconds, "stream_timeout_seconds", 3600)?,
+    };
     Ok(Config {
         source: path.to_owned(),
         server: ServerConfig {
@@ -356,6 +477,20 @@ pub(super) fn validate(
             default_auth,
             default_max_attempts: default_max_attempts as usize,
             max_body_bytes: (raw.server.max_body_mib.unwrap_or(32).max(1) as usize) << 20,
+            edge,
+            request_limits: {
+                let default = crate::protocol::json::Limits::DEFAULT;
+                let limit = |v: Option<u64>, default: usize| {
+                    v.map_or(default, |n| usize::try_from(n.max(1)).unwrap_or(usize::MAX))
+                };
+                crate::protocol::json::Limits {
+                    max_messages: limit(raw.server.max_messages, default.max_messages),
+                    max_content_parts: limit(
+                        raw.server.max_content_parts,
+                        default.max_content_parts,
+                    ),
+                }
+            },
             metrics_listen,
         },
         logging,
@@ -373,6 +508,7 @@ pub(super) fn validate(
         routing: RoutingConfig {
             default_router,
             public_routing_endpoint: raw.routing.public_routing_endpoint,
+            public_health_deep: raw.routing.public_health_deep,
             local_fraction: raw.routing.local_fraction,
             health_check,
             affinity,
@@ -385,8 +521,86 @@ pub(super) fn validate(
             connect_timeout: Duration::from_millis(u.connect_timeout_ms.unwrap_or(2000)),
             first_byte_timeout: Duration::from_secs(u.first_byte_timeout_seconds.unwrap_or(300)),
             request_timeout: Duration::from_secs(u.request_timeout_seconds.unwrap_or(600)),
+            stream_deadlines,
+            // Well above any real completion; a limit only so that a broken or hostile upstream
+            // cannot make the gateway hold gigabytes.
+            max_body_bytes: (u.max_body_mib.unwrap_or(64).max(1) as usize) << 20,
+            max_event_bytes: (u.max_event_kib.unwrap_or(1024).max(1) as usize) << 10,
         },
         models,
         routes,
+        lines,
+    })
+}
+
+/// The first control character in `value` (CR, LF, NUL, TAB, DEL…), if any.
+fn control_char(value: &str) -> Option<char> {
+    value.chars().find(|c| c.is_control())
+}
+
+/// `listen` must be `IP:PORT` or `HOST:PORT` (a host name is resolved when binding).
+fn check_listen(listen: &str) -> Result<(), String> {
+    if listen.parse::<std::net::SocketAddr>().is_ok() {
+        return Ok(());
+    }
+    let hint = "expected a socket address such as 127.0.0.1:8080, [::1]:8080 or localhost:8080";
+    let Some((host, port)) = listen.rsplit_once(':') else {
+        return Err(format!("`{listen}` is not a socket address: {hint}"));
+    };
+    let host_ok = !host.is_empty()
+        && host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.');
+    if host_ok && port.parse::<u16>().is_ok() {
+        Ok(())
+    } else {
+        Err(format!("`{listen}` is not a socket address: {hint}"))
+    }
+}
+
+/// A number of seconds from the config: `None` stays `None`; it must be finite and above 0.
+fn seconds(value: Option<f64>) -> Result<Option<Duration>, String> {
+    match value {
+        None => Ok(None),
+        Some(v) if v.is_finite() && v > 0.0 => Ok(Some(Duration::from_secs_f64(v))),
+        Some(v) => Err(format!("must be a number of seconds > 0, got {v}")),
+    }
+}
+
+/// `server.*` bounds on client connections; an error names its key.
+fn edge_config(server: &raw::RawServer) -> Result<EdgeConfig, (String, String)> {
+    let d = EdgeConfig::default();
+    let seconds = |key: &str, value: Option<f64>, default: Duration| match value {
+        None => Ok(default),
+        Some(s) if s.is_finite() && s > 0.0 && s <= 86_400.0 => Ok(Duration::from_secs_f64(s)),
+        Some(s) => Err((
+            format!("server.{key}"),
+            format!("must be a number of seconds above 0 and at most 86400, got {s}"),
+        )),
+    };
+    let max_connections = match server.max_connections {
+        None => None,
+        Some(0) => {
+            return Err(("server.max_connections".into(), "must be at least 1".into()));
+        }
+        Some(n) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+    };
+    Ok(EdgeConfig {
+        header_read_timeout: seconds(
+            "header_read_timeout_seconds",
+            server.header_read_timeout_seconds,
+            d.header_read_timeout,
+        )?,
+        request_body_timeout: seconds(
+            "request_body_timeout_seconds",
+            server.request_body_timeout_seconds,
+            d.request_body_timeout,
+        )?,
+        max_connections,
+        shutdown_grace: seconds(
+            "shutdown_grace_seconds",
+            server.shutdown_grace_seconds,
+            d.shutdown_grace,
+        )?,
     })
 }

@@ -1,7 +1,11 @@
 //! Secrets: upstream keys kept as they are but shown masked, consumer keys and legacy tokens kept
 //! as hashes.
 
+use std::borrow::Cow;
 use std::fmt;
+use std::sync::LazyLock;
+
+use regex::{Captures, Regex};
 
 use serde::{Serialize, Serializer};
 
@@ -46,6 +50,26 @@ pub fn mask(secret: &str) -> String {
     let head: String = chars[..5].iter().collect();
     let tail: String = chars[chars.len() - 2..].iter().collect();
     format!("{head}…{tail}")
+}
+
+/// `scheme://user:password@` anywhere in a text.
+#[allow(
+    clippy::expect_used,
+    reason = "a literal pattern, checked by the tests"
+)]
+pub(crate) static URL_PASSWORD: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?i)\b([a-z][a-z0-9+.-]*://[^/\s:@]*):([^/\s@]+)@")
+        .expect("a literal pattern compiles")
+});
+
+pub(crate) fn url_password(c: &Captures) -> String {
+    format!("{}:***@", &c[1])
+}
+
+/// A URL with its password masked (`https://user:***@host/v1`); other URLs unchanged. For every
+/// place a configured `base_url` is shown or logged.
+pub fn mask_url_password(url: &str) -> Cow<'_, str> {
+    URL_PASSWORD.replace_all(url, url_password)
 }
 
 /// SHA-256, hex. Keys are long random strings, so a fast hash is enough: there is nothing to

@@ -170,6 +170,8 @@ impl ProviderPatch {
 pub struct Upstream {
     pub id: String,
     pub provider_id: String,
+    /// Shown with its password masked (`https://user:***@host/v1`).
+    #[serde(serialize_with = "masked_url")]
     pub base_url: String,
     pub group: String,
     /// Higher is tried first.
@@ -178,6 +180,13 @@ pub struct Upstream {
     /// Overrides the provider's default capabilities; `null` inherits them.
     pub capabilities: Option<Vec<Capability>>,
     pub enabled: bool,
+    /// Seconds from dispatch to a stream's first content; `null` keeps the config's
+    /// `upstream.first_token_timeout_seconds`.
+    pub first_token_timeout_seconds: Option<f64>,
+    /// Longest silence between a stream's events; `null` keeps `upstream.idle_timeout_seconds`.
+    pub idle_timeout_seconds: Option<f64>,
+    /// Longest a whole stream may take; `null` keeps `upstream.stream_timeout_seconds`.
+    pub stream_timeout_seconds: Option<f64>,
     pub created_at: i64,
     pub updated_at: i64,
 }
@@ -196,6 +205,21 @@ impl Upstream {
                 "capabilities",
                 "must list at least one capability, or be null to inherit the provider's",
             ));
+        }
+        for (field, value) in [
+            (
+                "first_token_timeout_seconds",
+                self.first_token_timeout_seconds,
+            ),
+            ("idle_timeout_seconds", self.idle_timeout_seconds),
+            ("stream_timeout_seconds", self.stream_timeout_seconds),
+        ] {
+            if value.is_some_and(|v| !(v.is_finite() && v > 0.0)) {
+                return Err(invalid(
+                    field,
+                    "must be a number of seconds > 0, or null for the config's",
+                ));
+            }
         }
         Ok(())
     }
@@ -219,6 +243,12 @@ pub struct NewUpstream {
     #[serde(default = "default_true")]
     #[schema(default = true)]
     pub enabled: bool,
+    #[serde(default)]
+    pub first_token_timeout_seconds: Option<f64>,
+    #[serde(default)]
+    pub idle_timeout_seconds: Option<f64>,
+    #[serde(default)]
+    pub stream_timeout_seconds: Option<f64>,
 }
 
 impl NewUpstream {
@@ -232,6 +262,9 @@ impl NewUpstream {
             lb_weight: self.lb_weight,
             capabilities: self.capabilities.map(dedup),
             enabled: self.enabled,
+            first_token_timeout_seconds: self.first_token_timeout_seconds,
+            idle_timeout_seconds: self.idle_timeout_seconds,
+            stream_timeout_seconds: self.stream_timeout_seconds,
             created_at: now,
             updated_at: now,
         };
@@ -253,6 +286,16 @@ pub struct UpstreamPatch {
     #[schema(value_type = Option<Vec<Capability>>)]
     pub capabilities: Option<Option<Vec<Capability>>>,
     pub enabled: Option<bool>,
+    /// Seconds, or `null` to keep the config's.
+    #[serde(default, deserialize_with = "double_option")]
+    #[schema(value_type = Option<f64>)]
+    pub first_token_timeout_seconds: Option<Option<f64>>,
+    #[serde(default, deserialize_with = "double_option")]
+    #[schema(value_type = Option<f64>)]
+    pub idle_timeout_seconds: Option<Option<f64>>,
+    #[serde(default, deserialize_with = "double_option")]
+    #[schema(value_type = Option<f64>)]
+    pub stream_timeout_seconds: Option<Option<f64>>,
 }
 
 impl UpstreamPatch {
@@ -266,6 +309,12 @@ impl UpstreamPatch {
             u.capabilities = caps.map(dedup);
         }
         set(&mut u.enabled, self.enabled);
+        set(
+            &mut u.first_token_timeout_seconds,
+            self.first_token_timeout_seconds,
+        );
+        set(&mut u.idle_timeout_seconds, self.idle_timeout_seconds);
+        set(&mut u.stream_timeout_seconds, self.stream_timeout_seconds);
         u.updated_at = now;
         u.validate()
     }
@@ -465,4 +514,9 @@ pub struct KeyReservation {
     pub min_role: Role,
     pub created_at: i64,
     pub updated_at: i64,
+}
+
+/// A URL serialised with its password masked.
+fn masked_url<S: serde::Serializer>(url: &str, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&super::mask_url_password(url))
 }

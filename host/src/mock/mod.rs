@@ -166,6 +166,9 @@ fn router(state: Arc<MockState>) -> Router {
         .route("/_mock/behaviour", post(set_behaviour))
         .route("/_mock/stats", get(stats))
         .route("/_mock/reset", post(reset))
+        // axum's default of 2 MB would refuse the large bodies a gateway forwards (its own limit
+        // is 32 MiB, and a translated body can be larger than the client's).
+        .layer(axum::extract::DefaultBodyLimit::max(256 << 20))
         .with_state(state)
 }
 

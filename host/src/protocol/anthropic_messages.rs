@@ -6,7 +6,10 @@ mod request;
 mod response;
 mod stream;
 
-pub use request::{DEFAULT_MAX_TOKENS, build_request, parse_request, parse_request_value};
+pub use request::{
+    DEFAULT_MAX_TOKENS, build_request, parse_count_tokens_request, parse_request,
+    parse_request_within,
+};
 pub use response::{build_response, parse_response};
 pub use stream::{StreamDecoder, StreamEncoder, is_plain_delta};
 

@@ -37,6 +37,10 @@ pub enum ProtocolError {
     /// path and says what is accepted instead.
     #[error("`{path}` {reason}")]
     Unsupported { path: String, reason: String },
+    /// The body is larger in structure than the gateway's limits allow; `what` says which limit
+    /// and `key` is its config key (`server.max_messages`, `server.max_content_parts`).
+    #[error("{what} (the gateway's limit, {key})")]
+    TooLarge { what: String, key: &'static str },
     /// An upstream's 2xx answer is not what its dialect defines; the inner error says where. Its
     /// text is the inner error's, so a log reads the same as for a client's body.
     #[error("{0}")]

@@ -3,13 +3,49 @@
 use super::Dialect;
 use super::ir;
 
-/// A chat request as it arrived: its dialect, its IR, and the parsed body, which upstreams of the
+/// A chat request as it arrived: its dialect, its IR, and the body's bytes, which upstreams of the
 /// same dialect get nearly verbatim.
 #[derive(Debug, Clone)]
 pub struct Inbound {
     pub dialect: Dialect,
+    /// The IR; its `messages` are empty when no upstream needs them (see [`Inbound::new`]).
     pub request: ir::Request,
-    pub body: serde_json::Map<String, serde_json::Value>,
+    /// The client's JSON object as sent (not a parsed tree: the bytes are the cheapest form of
+    /// it, and a pass-through upstream body is written from their top-level fields); empty when
+    /// no upstream speaks the client's dialect.
+    pub body: bytes::Bytes,
     /// The gateway's estimate of the prompt's tokens.
     pub prompt_tokens: u32,
+}
+
+impl Inbound {
+    /// The request, keeping only what upstreams speaking `upstreams` need: the body's bytes when
+    /// one speaks the client's dialect (it gets them nearly verbatim), the IR's messages when one
+    /// does not (its body is built from them). Holding both cost a large request a second copy
+    /// of its body for as long as it was served.
+    pub fn new(
+        dialect: Dialect,
+        mut request: ir::Request,
+        body: bytes::Bytes,
+        upstreams: impl IntoIterator<Item = Dialect>,
+    ) -> Self {
+        let prompt_tokens = request.prompt_token_estimate();
+        let (mut same, mut other) = (false, false);
+        for upstream in upstreams {
+            if upstream == dialect {
+                same = true;
+            } else {
+                other = true;
+            }
+        }
+        if !other {
+            request.messages = Vec::new();
+        }
+        Self {
+            dialect,
+            request,
+            body: if same { body } else { bytes::Bytes::new() },
+            prompt_tokens,
+        }
+    }
 }

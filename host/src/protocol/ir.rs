@@ -405,6 +405,41 @@ impl Request {
         out
     }
 
+    /// A generous guess of the size of this request's messages as JSON in any dialect, for
+    /// sizing an upstream body's buffer up front (see [`super::json::to_vec_with`]).
+    pub fn json_size_hint(&self) -> usize {
+        fn parts_size(parts: &[Part]) -> usize {
+            parts
+                .iter()
+                .map(|p| {
+                    // Field names, quotes and escapes: text with many escapes can exceed it, and
+                    // the buffer then grows as usual.
+                    128 + match p {
+                        Part::Text { text, .. } => text.len() * 2,
+                        Part::Image { source, .. } => match source {
+                            ImageSource::Url(u) => u.len(),
+                            ImageSource::Base64 { data, .. } => data.len(),
+                        },
+                        Part::Audio { data, .. } => data.len(),
+                        Part::Video { url } => url.len(),
+                        Part::Reasoning { text, signature } => {
+                            text.len() * 2 + signature.as_ref().map_or(0, String::len)
+                        }
+                        Part::RedactedReasoning { data } => data.len(),
+                        Part::ToolCall(c) => c.arguments.len() * 2 + c.name.len() + c.id.len(),
+                        Part::ToolResult(r) => parts_size(&r.content) + r.tool_call_id.len(),
+                    }
+                })
+                .sum()
+        }
+        let messages: usize = self
+            .messages
+            .iter()
+            .map(|m| 64 + parts_size(&m.content))
+            .sum();
+        messages + 4096
+    }
+
     /// Whether the client offered at least one tool.
     pub fn has_tools(&self) -> bool {
         !self.tools.is_empty()

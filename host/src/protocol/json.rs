@@ -3,7 +3,16 @@
 //! Bodies are read as `serde_json::Value` rather than derived structs so that every wrong type
 //! yields a reason a client can act on (`` `messages[2].content` must be a string or an array``)
 //! and nothing on any input can panic.
+//!
+//! A request body is not turned into one `Value` tree: a tree costs several hundred bytes per JSON
+//! object (a `BTreeMap` node each), so a 26 MiB body of tiny messages took 650 MiB. [`Lazy`] keeps
+//! the message list as slices of the body and parses one message at a time, and [`Limits`] caps
+//! the messages and nested objects while the body is read, before anything is built.
 
+use std::cell::Cell;
+
+use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::ProtocolError;
@@ -11,6 +20,404 @@ use super::ProtocolError;
 /// Parses a body, or says why it is not JSON.
 pub fn parse(bytes: &[u8]) -> Result<Value, ProtocolError> {
     serde_json::from_slice(bytes).map_err(ProtocolError::NotJson)
+}
+
+/// How large a request's structure may be. Checked while the body is read, so a request over a
+/// limit is refused before it takes memory; the error names the config key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Entries of the message list (`messages`, or Responses' `input`): `server.max_messages`.
+    pub max_messages: usize,
+    /// JSON objects and arrays anywhere in the body except the body itself, the message list and
+    /// its messages: content parts, tool calls, tool results, tools and their schemas, metadata.
+    /// `server.max_content_parts`.
+    pub max_content_parts: usize,
+}
+
+impl Limits {
+    /// Far above any real conversation (a long agent session has a few thousand messages).
+    pub const DEFAULT: Limits = Limits {
+        max_messages: 100_000,
+        max_content_parts: 200_000,
+    };
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits::DEFAULT
+    }
+}
+
+/// What is left of a body's [`Limits`] while it is read, and which one ran out.
+struct Budget {
+    limits: Limits,
+    parts_left: Cell<usize>,
+    exceeded: Cell<Option<Exceeded>>,
+}
+
+/// Which limit ran out (the error itself is built outside the deserializer, whose errors carry
+/// only text).
+#[derive(Clone, Copy)]
+enum Exceeded {
+    Messages,
+    Parts,
+}
+
+impl Budget {
+    fn new(limits: Limits) -> Self {
+        Self {
+            limits,
+            parts_left: Cell::new(limits.max_content_parts),
+            exceeded: Cell::new(None),
+        }
+    }
+
+    /// Counts one object or array; an error once the limit is passed.
+    fn charge<E: de::Error>(&self) -> Result<(), E> {
+        match self.parts_left.get().checked_sub(1) {
+            Some(left) => {
+                self.parts_left.set(left);
+                Ok(())
+            }
+            None => Err(self.exceed(Exceeded::Parts)),
+        }
+    }
+
+    fn exceed<E: de::Error>(&self, kind: Exceeded) -> E {
+        self.exceeded.set(Some(kind));
+        E::custom("request limit exceeded")
+    }
+
+    /// The error to report for a failed parse: the limit that ran out, else not JSON.
+    fn error(&self, e: serde_json::Error, list_key: &str) -> ProtocolError {
+        match self.exceeded.get() {
+            Some(Exceeded::Messages) => ProtocolError::TooLarge {
+                what: format!(
+                    "`{list_key}` has more than {} entries",
+                    self.limits.max_messages
+                ),
+                key: "server.max_messages",
+            },
+            Some(Exceeded::Parts) => ProtocolError::TooLarge {
+                what: format!(
+                    "the body has more than {} content parts and other nested objects",
+                    self.limits.max_content_parts
+                ),
+                key: "server.max_content_parts",
+            },
+            None => ProtocolError::NotJson(e),
+        }
+    }
+}
+
+/// A request body read without building one tree of it: the top-level fields as values, except
+/// the message list, whose entries stay slices of the body until [`Lazy::each`] parses them one
+/// at a time. Peak memory is then the body, the IR being built, and one message's tree.
+pub struct Lazy<'a> {
+    /// The top-level object without the message list when that is an array; `Null` when the body
+    /// is not an object.
+    top: Value,
+    list: Option<Vec<&'a RawValue>>,
+    list_key: &'static str,
+    budget: Budget,
+}
+
+impl<'a> Lazy<'a> {
+    /// Reads `bytes`, keeping the array at `list_key` unparsed; fails on invalid JSON or when a
+    /// limit is passed.
+    pub fn parse(
+        bytes: &'a [u8],
+        list_key: &'static str,
+        limits: Limits,
+    ) -> Result<Self, ProtocolError> {
+        let budget = Budget::new(limits);
+        let mut de = serde_json::Deserializer::from_slice(bytes);
+        let read = BodySeed {
+            budget: &budget,
+            list_key,
+        }
+        .deserialize(&mut de)
+        .and_then(|body| de.end().map(|()| body));
+        let (top, list) = read.map_err(|e| budget.error(e, list_key))?;
+        Ok(Self {
+            top,
+            list,
+            list_key,
+            budget,
+        })
+    }
+
+    /// The body, which must be an object. Its message list is absent when it was an array (read
+    /// it with [`Lazy::list_len`] and [`Lazy::each`]); any other value there is kept, for the
+    /// parser to name its type.
+    pub fn body(&self) -> Result<Obj<'_, 'static>, ProtocolError> {
+        Obj::body(&self.top)
+    }
+
+    /// The number of entries of the message list, when it is an array.
+    pub fn list_len(&self) -> Option<usize> {
+        self.list.as_ref().map(Vec::len)
+    }
+
+    /// Parses each entry of the message list in turn and hands it to `f` with its index; the
+    /// entry's tree is dropped before the next is read.
+    pub fn each(
+        &self,
+        mut f: impl FnMut(usize, &Value) -> Result<(), ProtocolError>,
+    ) -> Result<(), ProtocolError> {
+        let Some(list) = &self.list else {
+            return Ok(());
+        };
+        for (i, raw) in list.iter().enumerate() {
+            let mut de = serde_json::Deserializer::from_str(raw.get());
+            let entry = ValueSeed {
+                budget: &self.budget,
+                counted: false,
+            }
+            .deserialize(&mut de)
+            .and_then(|v| de.end().map(|()| v))
+            .map_err(|e| self.budget.error(e, self.list_key))?;
+            f(i, &entry)?;
+        }
+        Ok(())
+    }
+}
+
+/// Reads the body object: every field a value, except an array at `list_key`, kept unparsed.
+struct BodySeed<'b> {
+    budget: &'b Budget,
+    list_key: &'static str,
+}
+
+type BodyParts<'de> = (Value, Option<Vec<&'de RawValue>>);
+
+impl<'de> DeserializeSeed<'de> for BodySeed<'_> {
+    type Value = BodyParts<'de>;
+
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for BodySeed<'_> {
+    type Value = BodyParts<'de>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut top = Map::new();
+        let mut list = None;
+        while let Some(key) = map.next_key::<String>()? {
+            if key == self.list_key {
+                // A repeated key replaces the earlier value, as in a parsed `Value`.
+                match map.next_value_seed(ListSeed(self.budget))? {
+                    Listed::Raw(entries) => {
+                        top.remove(&key);
+                        list = Some(entries);
+                    }
+                    Listed::Value(v) => {
+                        list = None;
+                        top.insert(key, v);
+                    }
+                }
+            } else {
+                let v = map.next_value_seed(ValueSeed {
+                    budget: self.budget,
+                    counted: true,
+                })?;
+                top.insert(key, v);
+            }
+        }
+        Ok((Value::Object(top), list))
+    }
+
+    // Any other body is refused by `Lazy::body`; arrays are skipped without building them.
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok((Value::Null, None))
+    }
+
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+        Ok((Value::Null, None))
+    }
+
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+        Ok((Value::Null, None))
+    }
+
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
+        Ok((Value::Null, None))
+    }
+
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+        Ok((Value::Null, None))
+    }
+
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
+        Ok((Value::Null, None))
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok((Value::Null, None))
+    }
+}
+
+/// The message list: an array is kept as slices of the body, anything else becomes a value.
+struct ListSeed<'b>(&'b Budget);
+
+enum Listed<'de> {
+    Raw(Vec<&'de RawValue>),
+    Value(Value),
+}
+
+impl<'de> DeserializeSeed<'de> for ListSeed<'_> {
+    type Value = Listed<'de>;
+
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ListSeed<'_> {
+    type Value = Listed<'de>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut entries = Vec::new();
+        while let Some(entry) = seq.next_element::<&'de RawValue>()? {
+            if entries.len() == self.0.limits.max_messages {
+                return Err(self.0.exceed(Exceeded::Messages));
+            }
+            entries.push(entry);
+        }
+        Ok(Listed::Raw(entries))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+        self.value().visit_map(map).map(Listed::Value)
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Self::Value, E> {
+        Ok(Listed::Value(Value::Bool(v)))
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+        Ok(Listed::Value(v.into()))
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+        Ok(Listed::Value(v.into()))
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
+        Ok(Listed::Value(num(v)))
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(Listed::Value(Value::String(v.to_owned())))
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(Listed::Value(Value::Null))
+    }
+}
+
+impl ListSeed<'_> {
+    fn value(&self) -> ValueSeed<'_> {
+        ValueSeed {
+            budget: self.0,
+            counted: true,
+        }
+    }
+}
+
+/// A `serde_json::Value`, built the way serde_json builds it, with each object and array counted
+/// against the budget (`counted: false` spares the outermost one: a message is not a part).
+struct ValueSeed<'b> {
+    budget: &'b Budget,
+    counted: bool,
+}
+
+impl<'de> DeserializeSeed<'de> for ValueSeed<'_> {
+    type Value = Value;
+
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ValueSeed<'_> {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Value, E> {
+        Ok(v.into())
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Value, E> {
+        Ok(v.into())
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Value, E> {
+        Ok(num(v))
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_owned()))
+    }
+
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        if self.counted {
+            self.budget.charge()?;
+        }
+        let mut out = Vec::new();
+        while let Some(v) = seq.next_element_seed(ValueSeed {
+            budget: self.budget,
+            counted: true,
+        })? {
+            out.push(v);
+        }
+        Ok(Value::Array(out))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        if self.counted {
+            self.budget.charge()?;
+        }
+        let mut out = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let v = map.next_value_seed(ValueSeed {
+                budget: self.budget,
+                counted: true,
+            })?;
+            out.insert(key, v);
+        }
+        Ok(Value::Object(out))
+    }
 }
 
 /// A JSON object plus the path it was found at (empty for the body itself).
@@ -180,6 +587,44 @@ pub fn to_vec(v: &Value) -> Vec<u8> {
     serde_json::to_vec(v).unwrap_or_default()
 }
 
+/// Serializes `map` as an object whose entry `key` is written by `list` instead of the placeholder
+/// `map` holds there (so that it keeps its place in key order). Upstream bodies are built this
+/// way so that their message list is serialized as it is built, one message's tree at a time:
+/// a tree of the whole list cost several hundred bytes per message. `capacity` is a guess of the
+/// size; a generous one is cheap (untouched pages of a large buffer take no memory), while growing
+/// by doubling copies the body each time.
+pub fn to_vec_with(
+    map: &Map<String, Value>,
+    key: &str,
+    list: &impl serde::Serialize,
+    capacity: usize,
+) -> Vec<u8> {
+    struct With<'a, L> {
+        map: &'a Map<String, Value>,
+        key: &'a str,
+        list: &'a L,
+    }
+    impl<L: serde::Serialize> serde::Serialize for With<'_, L> {
+        fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            use serde::ser::SerializeMap;
+            let mut out = serializer.serialize_map(Some(self.map.len()))?;
+            for (k, v) in self.map {
+                if k == self.key {
+                    out.serialize_entry(k, self.list)?;
+                } else {
+                    out.serialize_entry(k, v)?;
+                }
+            }
+            out.end()
+        }
+    }
+    let mut out = Vec::with_capacity(capacity);
+    match serde_json::to_writer(&mut out, &With { map, key, list }) {
+        Ok(()) => out,
+        Err(_) => Vec::new(),
+    }
+}
+
 /// Everything in `body` except the `modeled` keys: what the IR keeps in `Request::extra`.
 pub fn extra(body: &Map<String, Value>, modeled: &[&str]) -> Map<String, Value> {
     body.iter()
@@ -206,5 +651,72 @@ mod tests {
         assert_eq!(o.req_str("s").unwrap_err().to_string(), "`s` is required");
         assert_eq!(o.str("x").unwrap(), None);
         assert!(Obj::body(&json!([])).is_err());
+    }
+
+    fn lazy(body: &str, limits: Limits) -> Result<(Value, Vec<Value>), String> {
+        let l = Lazy::parse(body.as_bytes(), "messages", limits).map_err(|e| e.to_string())?;
+        let mut entries = Vec::new();
+        l.each(|_, v| {
+            entries.push(v.clone());
+            Ok(())
+        })
+        .map_err(|e| e.to_string())?;
+        Ok((l.top, entries))
+    }
+
+    #[test]
+    fn lazy_body_reads_like_a_parsed_one_without_its_list() {
+        let (top, entries) = lazy(
+            r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"}]}, 2],"n":1.5}"#,
+            Limits::DEFAULT,
+        )
+        .unwrap();
+        assert_eq!(top, json!({"model": "m", "n": 1.5}));
+        assert_eq!(
+            entries,
+            [
+                json!({"role": "user", "content": [{"type": "text", "text": "a"}]}),
+                json!(2)
+            ]
+        );
+        // Anything but an array stays in the body, for the parser to name; the last key wins.
+        let (top, entries) = lazy(r#"{"messages":[1],"messages":"x"}"#, Limits::DEFAULT).unwrap();
+        assert_eq!((top, entries.len()), (json!({"messages": "x"}), 0));
+        let (top, entries) =
+            lazy(r#"{"messages":{"a":[]},"messages":[1]}"#, Limits::DEFAULT).unwrap();
+        assert_eq!((top, entries), (json!({}), vec![json!(1)]));
+        // Not an object: refused by `body()`, arrays skipped unbuilt.
+        let l = Lazy::parse(b"[{},{}]", "messages", Limits::DEFAULT).unwrap();
+        assert!(matches!(l.body(), Err(ProtocolError::BodyNotObject)));
+        assert!(
+            lazy(r#"{"messages":[1,]}"#, Limits::DEFAULT)
+                .unwrap_err()
+                .starts_with("not valid JSON")
+        );
+    }
+
+    #[test]
+    fn limits_are_named_when_passed() {
+        let limits = Limits {
+            max_messages: 2,
+            max_content_parts: 3,
+        };
+        assert!(lazy(r#"{"messages":[{},{}]}"#, limits).is_ok());
+        assert_eq!(
+            lazy(r#"{"messages":[{},{},{}]}"#, limits).unwrap_err(),
+            "`messages` has more than 2 entries (the gateway's limit, server.max_messages)"
+        );
+        // Messages themselves are not parts; what they and the body hold is.
+        assert!(lazy(r#"{"messages":[{"c":[{}]}],"tools":[]}"#, limits).is_ok());
+        let over = "the body has more than 3 content parts and other nested objects \
+                    (the gateway's limit, server.max_content_parts)";
+        assert_eq!(
+            lazy(r#"{"messages":[{"c":[{}]}],"tools":[{}]}"#, limits).unwrap_err(),
+            over
+        );
+        assert_eq!(
+            lazy(r#"{"messages":[{"c":[[],[]]},{"c":[]}]}"#, limits).unwrap_err(),
+            over
+        );
     }
 }

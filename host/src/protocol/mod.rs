@@ -73,7 +73,8 @@ impl Dialect {
         }
     }
 
-    /// Parses a client's request body; the error is the reason to show the client.
+    /// Parses a client's request body within the default [`json::Limits`]; the error is the
+    /// reason to show the client.
     pub fn parse_request(self, body: &[u8]) -> Result<ir::Request, ProtocolError> {
         match self {
             Dialect::OpenAiChat => openai_chat::parse_request(body),
@@ -82,13 +83,17 @@ impl Dialect {
         }
     }
 
-    /// [`Dialect::parse_request`] of a body already parsed as JSON, for callers that keep the
-    /// parsed body (pass-through) and should not parse it twice.
-    pub fn parse_request_value(self, body: &Value) -> Result<ir::Request, ProtocolError> {
+    /// [`Dialect::parse_request`] within `limits` (the gateway's configured ones), which are
+    /// checked as the body is read: a body over them is refused before it takes memory.
+    pub fn parse_request_within(
+        self,
+        body: &[u8],
+        limits: json::Limits,
+    ) -> Result<ir::Request, ProtocolError> {
         match self {
-            Dialect::OpenAiChat => openai_chat::parse_request_value(body),
-            Dialect::OpenAiResponses => openai_responses::parse_request_value(body),
-            Dialect::AnthropicMessages => anthropic_messages::parse_request_value(body),
+            Dialect::OpenAiChat => openai_chat::parse_request_within(body, limits),
+            Dialect::OpenAiResponses => openai_responses::parse_request_within(body, limits),
+            Dialect::AnthropicMessages => anthropic_messages::parse_request_within(body, limits),
         }
     }
 

@@ -35,6 +35,43 @@ fn frame(name: Option<&str>, data: &Value) -> Bytes {
     Bytes::from(out)
 }
 
+/// `frame` (one event this crate wrote) with `key: value` added to its error object: the `error`
+/// member (Chat, Anthropic), the response's `error` (Responses' `response.failed`), or the event
+/// itself when it is an error (Responses' `error`). Any other frame comes back as it was.
+pub fn with_error_field(frame: Bytes, key: &str, value: &str) -> Bytes {
+    let Some(event) = std::str::from_utf8(&frame)
+        .ok()
+        .and_then(|text| parse(text).into_iter().next())
+    else {
+        return frame;
+    };
+    let Ok(mut data) = serde_json::from_str::<Value>(&event.data) else {
+        return frame;
+    };
+    let is_error_event = data.get("type").and_then(Value::as_str) == Some("error");
+    let target = if data.get("error").is_some_and(Value::is_object) {
+        data.get_mut("error")
+    } else if data
+        .pointer("/response/error")
+        .is_some_and(Value::is_object)
+    {
+        data.pointer_mut("/response/error")
+    } else if is_error_event {
+        Some(&mut data)
+    } else {
+        None
+    };
+    let Some(Value::Object(target)) = target else {
+        return frame;
+    };
+    target.insert(key.to_owned(), value.into());
+    if event.event.is_empty() {
+        data_frame(&data)
+    } else {
+        event_frame(&event.event, &data)
+    }
+}
+
 /// One parsed server-sent event.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SseEvent {
@@ -136,7 +173,11 @@ impl FrameBatch {
 /// Written for the relay's hot path: only an incomplete line is buffered, so a chunk holding many
 /// events is scanned once (the `eventsource-stream` crate copied the rest of its buffer after
 /// every line and validated it char by char, ~10 % of a relayed stream's CPU).
-#[derive(Debug, Default)]
+///
+/// What it holds is bounded by its limit: a line, or an event's joined `data`, longer than that is
+/// an [`EventTooLarge`] and not read further (an upstream that never sends a newline would
+/// otherwise fill memory).
+#[derive(Debug)]
 pub struct EventReader {
     /// The start of a line whose end has not arrived yet.
     partial: Vec<u8>,
@@ -145,15 +186,48 @@ pub struct EventReader {
     /// The last chunk ended in CR: an LF opening the next one belongs to that line end.
     after_cr: bool,
     started: bool,
+    /// Largest line, and largest event (its `data` joined), in bytes.
+    limit: usize,
+}
+
+/// A line or event of a stream outgrew the reader's limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("a stream event exceeded the limit of {limit} bytes")]
+pub struct EventTooLarge {
+    pub limit: usize,
+}
+
+impl Default for EventReader {
+    fn default() -> Self {
+        Self::with_limit(usize::MAX)
+    }
 }
 
 impl EventReader {
+    /// A reader without a limit, for text the gateway wrote itself.
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Reads `chunk`, appending every event it completes to `out`.
-    pub fn feed(&mut self, mut chunk: &[u8], out: &mut VecDeque<SseEvent>) {
+    /// A reader that refuses a line or event longer than `limit` bytes.
+    pub fn with_limit(limit: usize) -> Self {
+        EventReader {
+            partial: Vec::new(),
+            event: String::new(),
+            data: None,
+            after_cr: false,
+            started: false,
+            limit,
+        }
+    }
+
+    /// Reads `chunk`, appending every event it completes to `out`. After an error the reader
+    /// must not be fed again; the events completed before the oversized one are in `out`.
+    pub fn feed(
+        &mut self,
+        mut chunk: &[u8],
+        out: &mut VecDeque<SseEvent>,
+    ) -> Result<(), EventTooLarge> {
         if !self.started && !chunk.is_empty() {
             self.started = true;
             chunk = chunk.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(chunk);
@@ -173,19 +247,29 @@ impl EventReader {
                 }
             }
             if self.partial.is_empty() {
-                self.line(line, out);
+                self.line(line, out)?;
             } else {
+                self.fits(self.partial.len() + line.len())?;
                 let mut whole = std::mem::take(&mut self.partial);
                 whole.extend_from_slice(line);
-                self.line(&whole, out);
+                self.line(&whole, out)?;
                 whole.clear();
                 self.partial = whole;
             }
         }
+        self.fits(self.partial.len() + chunk.len())?;
         self.partial.extend_from_slice(chunk);
+        Ok(())
     }
 
-    fn line(&mut self, line: &[u8], out: &mut VecDeque<SseEvent>) {
+    fn fits(&self, len: usize) -> Result<(), EventTooLarge> {
+        if len > self.limit {
+            return Err(EventTooLarge { limit: self.limit });
+        }
+        Ok(())
+    }
+
+    fn line(&mut self, line: &[u8], out: &mut VecDeque<SseEvent>) -> Result<(), EventTooLarge> {
         if line.is_empty() {
             if let Some(data) = self.data.take() {
                 out.push_back(SseEvent {
@@ -194,10 +278,11 @@ impl EventReader {
                 });
             }
             self.event.clear();
-            return;
+            return Ok(());
         }
+        self.fits(line.len())?;
         if line[0] == b':' {
-            return;
+            return Ok(());
         }
         let (field, value) = match memchr::memchr(b':', line) {
             Some(colon) => {
@@ -216,6 +301,10 @@ impl EventReader {
             b"event" => self.event = value.into_owned(),
             b"data" => match self.data.as_mut() {
                 Some(d) => {
+                    // Many short `data` lines add up to one event: bounded the same.
+                    if d.len() + 1 + value.len() > self.limit {
+                        return Err(EventTooLarge { limit: self.limit });
+                    }
                     d.push('\n');
                     d.push_str(&value);
                 }
@@ -223,15 +312,29 @@ impl EventReader {
             },
             _ => {}
         }
+        Ok(())
     }
 }
 
-/// The SSE events of a byte stream (an upstream's body); the byte stream's errors pass through.
-pub fn events<S>(bytes: S) -> Events<S> {
+/// Why [`Events`] stopped early.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ReadError<E> {
+    /// The byte stream failed.
+    #[error("{0}")]
+    Body(E),
+    /// A line or event outgrew the reader's limit.
+    #[error(transparent)]
+    TooLarge(#[from] EventTooLarge),
+}
+
+/// The SSE events of a byte stream (an upstream's body), none longer than `max_event` bytes;
+/// the byte stream's errors pass through.
+pub fn events<S>(bytes: S, max_event: usize) -> Events<S> {
     Events {
         bytes,
-        reader: EventReader::new(),
+        reader: EventReader::with_limit(max_event),
         ready: VecDeque::new(),
+        too_large: None,
         ended: false,
     }
 }
@@ -241,6 +344,8 @@ pub struct Events<S> {
     bytes: S,
     reader: EventReader,
     ready: VecDeque<SseEvent>,
+    /// Reported once the events completed before it are out.
+    too_large: Option<EventTooLarge>,
     ended: bool,
 }
 
@@ -248,7 +353,7 @@ impl<S, E> Stream for Events<S>
 where
     S: Stream<Item = Result<Bytes, E>> + Unpin,
 {
-    type Item = Result<SseEvent, E>;
+    type Item = Result<SseEvent, ReadError<E>>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
@@ -256,12 +361,21 @@ where
             if let Some(event) = this.ready.pop_front() {
                 return Poll::Ready(Some(Ok(event)));
             }
+            if let Some(e) = this.too_large.take() {
+                return Poll::Ready(Some(Err(e.into())));
+            }
             if this.ended {
                 return Poll::Ready(None);
             }
             match Pin::new(&mut this.bytes).poll_next(cx) {
-                Poll::Ready(Some(Ok(chunk))) => this.reader.feed(&chunk, &mut this.ready),
-                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
+                Poll::Ready(Some(Ok(chunk))) => {
+                    if let Err(e) = this.reader.feed(&chunk, &mut this.ready) {
+                        // Nothing more is read: the rest of the body is dropped with the stream.
+                        this.too_large = Some(e);
+                        this.ended = true;
+                    }
+                }
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(ReadError::Body(e)))),
                 Poll::Ready(None) => this.ended = true,
                 Poll::Pending => return Poll::Pending,
             }
@@ -272,6 +386,46 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_error_field_lands_in_each_dialects_error_object_and_nowhere_else() {
+        let chat = data_frame(&serde_json::json!({"error": {"message": "m"}}));
+        let anthropic = event_frame(
+            "error",
+            &serde_json::json!({"type": "error", "error": {"type": "api_error"}}),
+        );
+        let responses_error = event_frame(
+            "error",
+            &serde_json::json!({"type": "error", "code": "server_error"}),
+        );
+        let responses_failed = event_frame(
+            "response.failed",
+            &serde_json::json!({"type": "response.failed", "response": {"error": {"code": "x"}}}),
+        );
+        let delta = data_frame(&serde_json::json!({"choices": []}));
+        let read = |frame: Bytes| {
+            let event = parse(std::str::from_utf8(&frame).unwrap_or_default()).remove(0);
+            (
+                event.event,
+                serde_json::from_str::<Value>(&event.data).unwrap_or_default(),
+            )
+        };
+        let (name, chat) = read(with_error_field(chat, "request_id", "r1"));
+        assert_eq!(
+            (name.as_str(), &chat["error"]["request_id"]),
+            ("", &"r1".into())
+        );
+        let (name, anthropic) = read(with_error_field(anthropic, "request_id", "r1"));
+        assert_eq!(name, "error");
+        assert_eq!(anthropic["error"]["request_id"], "r1");
+        assert_eq!(anthropic["error"]["type"], "api_error");
+        let (_, error) = read(with_error_field(responses_error, "request_id", "r1"));
+        assert_eq!(error["request_id"], "r1");
+        let (name, failed) = read(with_error_field(responses_failed, "request_id", "r1"));
+        assert_eq!(name, "response.failed");
+        assert_eq!(failed["response"]["error"]["request_id"], "r1");
+        assert_eq!(with_error_field(delta.clone(), "request_id", "r1"), delta);
+    }
 
     #[test]
     fn reads_what_it_writes() {
@@ -336,7 +490,7 @@ mod tests {
                 let mut reader = EventReader::new();
                 let mut out = VecDeque::new();
                 for chunk in [&bytes[..a], &bytes[a..b], &bytes[b..]] {
-                    reader.feed(chunk, &mut out);
+                    reader.feed(chunk, &mut out).unwrap();
                 }
                 assert_eq!(Vec::from(out), expected, "split at {a} and {b}");
             }
@@ -351,7 +505,9 @@ mod tests {
             Ok(Bytes::from_static(b"\ndata: b")),
             Err("broken"),
         ];
-        let got: Vec<_> = events(futures::stream::iter(chunks)).collect().await;
+        let got: Vec<_> = events(futures::stream::iter(chunks), usize::MAX)
+            .collect()
+            .await;
         assert_eq!(
             got,
             vec![
@@ -359,7 +515,72 @@ mod tests {
                     event: String::new(),
                     data: "a".into()
                 }),
-                Err("broken")
+                Err(ReadError::Body("broken"))
+            ]
+        );
+    }
+
+    /// A line that never ends, split over many chunks, stops the reader at its limit instead of
+    /// growing its buffer; events before it still come out.
+    #[test]
+    fn a_line_longer_than_the_limit_is_refused_at_the_limit() {
+        let mut reader = EventReader::with_limit(64);
+        let mut out = VecDeque::new();
+        reader.feed(b"data: ok\n\ndata: ", &mut out).unwrap();
+        let mut refused = None;
+        for n in 0..100 {
+            if let Err(e) = reader.feed(&[b'x'; 10], &mut out) {
+                refused = Some((n, e));
+                break;
+            }
+        }
+        let (n, e) = refused.expect("refused");
+        assert_eq!(e, EventTooLarge { limit: 64 });
+        assert!(n <= 6, "refused once past 64 bytes, after {n} chunks");
+        assert!(reader.partial.len() <= 64);
+        assert_eq!(out.len(), 1);
+        // A long line within one chunk, and many short data lines adding up, are refused too.
+        let mut out = VecDeque::new();
+        let long = format!("data: {}\n\n", "y".repeat(100));
+        assert!(
+            EventReader::with_limit(64)
+                .feed(long.as_bytes(), &mut out)
+                .is_err()
+        );
+        let many = "data: abcdefgh\n".repeat(20);
+        assert!(
+            EventReader::with_limit(64)
+                .feed(many.as_bytes(), &mut out)
+                .is_err()
+        );
+        assert!(out.is_empty());
+        // At the limit exactly is fine.
+        let exact = format!("data: {}\n\n", "z".repeat(58));
+        assert!(
+            EventReader::with_limit(64)
+                .feed(exact.as_bytes(), &mut out)
+                .is_ok()
+        );
+        assert_eq!(out.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn events_report_an_oversized_event_after_the_ones_before_it() {
+        use futures::StreamExt;
+        let chunks: Vec<Result<Bytes, &str>> = vec![
+            Ok(Bytes::from_static(b"data: a\n\ndata: ")),
+            Ok(Bytes::from(vec![b'x'; 100])),
+            Ok(Bytes::from_static(b"\n\ndata: never\n\n")),
+        ];
+        let got: Vec<_> = events(futures::stream::iter(chunks), 32).collect().await;
+        assert_eq!(
+            got,
+            vec![
+                Ok(SseEvent {
+                    event: String::new(),
+                    data: "a".into()
+                }),
+                Err(ReadError::TooLarge(EventTooLarge { limit: 32 }))
             ]
         );
     }

@@ -130,8 +130,7 @@ pub async fn probe(client: &UpstreamClient, route: &ModelUpstream) -> (Observati
     request.stream = true;
     request.max_output_tokens = Some(1);
     let prompt_estimate = request.prompt_token_estimate();
-    let body = serde_json::from_slice(&dialect.build_request(&request, &route.provider_model_id))
-        .unwrap_or_default();
+    let body = bytes::Bytes::from(dialect.build_request(&request, &route.provider_model_id));
     let inbound = Inbound {
         dialect,
         request,

@@ -86,6 +86,11 @@ fn database_routes(snapshot: &Snapshot, name: &str, first_index: u32) -> Vec<Mod
                     .is_ok_and(|u| crate::config::is_loopback(&u)),
                 metadata,
                 capabilities: capabilities.clone(),
+                stream_deadlines: crate::config::StreamDeadlineOverrides {
+                    first_token: seconds(upstream.first_token_timeout_seconds),
+                    idle: seconds(upstream.idle_timeout_seconds),
+                    total: seconds(upstream.stream_timeout_seconds),
+                },
             });
         }
     }
@@ -166,6 +171,13 @@ fn apply_strictest_reservations(models: &mut [ModelConfig], snapshot: &Snapshot)
     }
 }
 
+/// A deadline column: validated on write, so anything else is left to the config's default.
+fn seconds(value: Option<f64>) -> Option<std::time::Duration> {
+    value
+        .filter(|v| v.is_finite() && *v > 0.0)
+        .map(std::time::Duration::from_secs_f64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,6 +195,9 @@ mod tests {
             lb_weight,
             capabilities: None,
             enabled,
+            first_token_timeout_seconds: None,
+            idle_timeout_seconds: None,
+            stream_timeout_seconds: None,
             created_at: 0,
             updated_at: 0,
         }

@@ -360,6 +360,7 @@ mod tests {
             local_deployment: true,
             metadata: Default::default(),
             capabilities: vec![],
+            stream_deadlines: Default::default(),
         }
     }
 

@@ -128,6 +128,8 @@ pub enum AffinityUse {
     Replaced,
     /// The recorded endpoint was backed up beyond the ceiling; rerouted and the pin moved.
     Moved,
+    /// The strategy saw the pin and put another endpoint first; the pin moved to it.
+    Declined,
 }
 
 const MODALITIES: [(Modalities, &str); 3] = [
@@ -389,9 +391,15 @@ pub async fn select_at(
             ),
         };
     if let Some(i) = sticky {
-        // The strategy still ordered the fallbacks; the warm endpoint goes first.
-        order.retain(|&x| x != i);
-        order.insert(0, i);
+        // A strategy that sees the pin decides what it is worth (`fixed` keeps it first, an
+        // optimising one may prefer a faster endpoint). One that cannot see it (WIT 0.1.0), or
+        // that failed, gets the host's policy: the warm endpoint first, its fallbacks as ordered.
+        if strategy_error.is_some() || !model.router.strategy.sees_affinity() {
+            order.retain(|&x| x != i);
+            order.insert(0, i);
+        } else if order.first() != Some(&i) {
+            affinity = AffinityUse::Declined;
+        }
     }
     let mut order: Vec<usize> = order.iter().map(|&i| position(upstreams, i)).collect();
     // 7. Within each key pool: the caller's bound key, then the most reserved keys.

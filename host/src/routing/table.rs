@@ -59,7 +59,16 @@ impl ModelTable {
         let mut problems = Vec::new();
         let mut table = ModelTable::default();
         for (mi, model) in config.models.iter().enumerate() {
-            let at = format!("{file}: models[{mi}] ({})", model.id);
+            // `{file}:{line}: models[0] (id).router`, the line being the key's.
+            let at = |key: &str| {
+                format!(
+                    "{file}{}: models[{mi}] ({}).{key}",
+                    Some(config.location_of(&format!("models[{mi}].{key}")))
+                        .filter(|l| !l.is_empty())
+                        .unwrap_or_else(|| config.location_of(&format!("models[{mi}]"))),
+                    model.id
+                )
+            };
             let mut model = model.clone();
             policy::apply(
                 &mut model,
@@ -128,7 +137,8 @@ impl ModelTable {
                     old.router.clone()
                 }
                 None => {
-                    let at = format!("model `{}`", model.id);
+                    let id = model.id.clone();
+                    let at = |key: &str| format!("model `{id}`.{key}");
                     let routes = for_router(&model.upstreams);
                     match new_router(&model, routes, &at, engine, catalog).await {
                         Ok(router) => Arc::new(router),
@@ -198,11 +208,12 @@ impl ModelTable {
     }
 }
 
-/// Validates a model's strategy and params and instantiates its router; `at` prefixes problems.
+/// Validates a model's strategy and params and instantiates its router; `at(key)` says where a
+/// problem with the model's `key` is.
 async fn new_router(
     model: &ModelConfig,
     routes: Vec<UpstreamInfo>,
-    at: &str,
+    at: &(dyn Fn(&str) -> String + Sync),
     engine: &StrategyEngine,
     catalog: &StrategyCatalog,
 ) -> Result<ModelRouter, Vec<String>> {
@@ -210,13 +221,16 @@ async fn new_router(
         Some(CatalogEntry::Loaded(s)) => s.clone(),
         Some(CatalogEntry::Missing(m)) => {
             return Err(vec![format!(
-                "{at}.router: strategy `{}` is unavailable: {}",
-                model.router, m.reason
+                "{}: strategy `{}` is unavailable: {}",
+                at("router"),
+                model.router,
+                m.reason
             )]);
         }
         None => {
             return Err(vec![format!(
-                "{at}.router: unknown strategy `{}`; known strategies: {}",
+                "{}: unknown strategy `{}`; known strategies: {}",
+                at("router"),
                 model.router,
                 catalog.names().join(", ")
             )]);
@@ -227,7 +241,8 @@ async fn new_router(
             .into_iter()
             .map(|e| {
                 format!(
-                    "{at}.router_params: strategy `{}` rejects the params: {e}",
+                    "{}: strategy `{}` rejects the params: {e}",
+                    at("router_params"),
                     strategy.name
                 )
             })
@@ -244,9 +259,10 @@ async fn new_router(
     {
         Ok(router) => Ok(router),
         Err(StrategyError::Rejected { message, .. }) => Err(vec![format!(
-            "{at}.router_params: strategy `{}` rejects the params: {message}",
+            "{}: strategy `{}` rejects the params: {message}",
+            at("router_params"),
             strategy.name
         )]),
-        Err(e) => Err(vec![format!("{at}.router: {e}")]),
+        Err(e) => Err(vec![format!("{}: {e}", at("router"))]),
     }
 }

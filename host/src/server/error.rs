@@ -37,6 +37,15 @@ pub enum GatewayError {
     /// The body is larger than `server.max_body_mib`.
     #[error("the request body exceeds the {0} MiB limit")]
     BodyTooLarge(usize),
+    /// The client did not send its whole body within `server.request_body_timeout_seconds`.
+    #[error("the request body did not arrive within {0} s")]
+    BodyTimeout(f64),
+    /// The gateway is shutting down and its drain deadline (`server.shutdown_grace_seconds`)
+    /// passed before the request finished.
+    #[error(
+        "the gateway is shutting down: the request did not finish within the {0} s shutdown grace"
+    )]
+    ShuttingDown(f64),
     /// The model exists, but none of its upstreams is in a group this caller may use.
     #[error("The model `{model}` is not available to this API key (its upstream groups: {groups})")]
     ModelNotInGroups { model: String, groups: String },
@@ -53,6 +62,8 @@ impl GatewayError {
             | GatewayError::ModelNotInGroups { .. } => StatusCode::NOT_FOUND,
             GatewayError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             GatewayError::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            GatewayError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            GatewayError::ShuttingDown(_) => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::NoRoute(SelectionError::PinNotFound { .. }) => StatusCode::BAD_REQUEST,
             GatewayError::NoRoute(_) => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::AllAttemptsFailed(e) => match e.primary() {
@@ -64,7 +75,14 @@ impl GatewayError {
                     StatusCode::from_u16(a.status).unwrap_or(StatusCode::BAD_GATEWAY)
                 }
                 Some(a) if a.status == 429 => StatusCode::TOO_MANY_REQUESTS,
-                Some(a) if a.error_type == "timeout" => StatusCode::GATEWAY_TIMEOUT,
+                Some(a)
+                    if matches!(
+                        a.error_type,
+                        "timeout" | "first_token_timeout" | "idle_timeout" | "total_timeout"
+                    ) =>
+                {
+                    StatusCode::GATEWAY_TIMEOUT
+                }
                 _ => StatusCode::BAD_GATEWAY,
             },
         }
@@ -74,7 +92,9 @@ impl GatewayError {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            GatewayError::NoRoute(_) | GatewayError::AllAttemptsFailed(_)
+            GatewayError::NoRoute(_)
+                | GatewayError::AllAttemptsFailed(_)
+                | GatewayError::ShuttingDown(_)
         ) && !matches!(self.status().as_u16(), 400..=407 | 409..=428)
     }
 
@@ -86,7 +106,9 @@ impl GatewayError {
             | GatewayError::RouteDisabled(_)
             | GatewayError::MethodNotAllowed { .. }
             | GatewayError::BodyTooLarge(_)
+            | GatewayError::BodyTimeout(_)
             | GatewayError::ModelNotInGroups { .. } => "invalid_request_error",
+            GatewayError::ShuttingDown(_) => "service_unavailable",
             // OpenAI's own 401s are `invalid_request_error` with code `invalid_api_key`.
             GatewayError::Unauthorized(_) => "invalid_request_error",
             GatewayError::NoRoute(SelectionError::PinNotFound { .. }) => "invalid_request_error",
@@ -107,6 +129,8 @@ impl GatewayError {
             GatewayError::RouteDisabled(_) => "route_disabled",
             GatewayError::MethodNotAllowed { .. } => "method_not_allowed",
             GatewayError::BodyTooLarge(_) => "request_too_large",
+            GatewayError::BodyTimeout(_) => "request_timeout",
+            GatewayError::ShuttingDown(_) => "shutting_down",
             GatewayError::NoRoute(SelectionError::PinNotFound { .. }) => "pin_not_found",
             GatewayError::NoRoute(SelectionError::MissingModality { .. }) => "unsupported_modality",
             GatewayError::NoRoute(_) => "no_available_route",
@@ -128,6 +152,8 @@ impl GatewayError {
             GatewayError::RouteDisabled(_) => "caller_route_disabled",
             GatewayError::MethodNotAllowed { .. } => "caller_method_not_allowed",
             GatewayError::BodyTooLarge(_) => "caller_body_too_large",
+            GatewayError::BodyTimeout(_) => "caller_body_timeout",
+            GatewayError::ShuttingDown(_) => "gateway_shutting_down",
             GatewayError::NoRoute(SelectionError::PinNotFound { .. }) => "caller_pin_not_found",
             GatewayError::NoRoute(SelectionError::MissingModality { .. }) => {
                 "caller_unsupported_modality"
@@ -141,6 +167,10 @@ impl GatewayError {
                 }
                 Some(a) => match a.error_type {
                     "timeout" => "upstream_timeout",
+                    "first_token_timeout" => "upstream_first_token_timeout",
+                    "idle_timeout" => "upstream_idle_timeout",
+                    "total_timeout" => "upstream_total_timeout",
+                    "response_too_large" => "upstream_response_too_large",
                     "transport" => "upstream_transport",
                     "invalid_response" => "upstream_invalid_response",
                     "empty_stream" => "upstream_empty_stream",

@@ -19,9 +19,10 @@ use crate::routing::select::{self, RequestFacts};
 use crate::routing::table::ModelEntry;
 use crate::store::api_log::ApiLogRow;
 use crate::telemetry::metrics::{self, Operation};
+use crate::upstream::upstream_dialect;
 
 use super::auth::{self, Principal};
-use super::{GatewayError, attributed_row, caller, clamp_i32, log_request};
+use super::{GatewayError, attributed_row, caller, clamp_i32, failed_attempts_json, log_request};
 use crate::inbound_routes::{Endpoint, RouteMatch};
 
 /// What authentication and the inbound route decided for one request.
@@ -70,16 +71,17 @@ pub async fn handle(
 ) -> Response {
     let (parts, body) = request.into_parts();
     let routes = gateway.inbound_routes();
-    let (route, endpoint) = match routes.lookup(parts.uri.path()) {
-        RouteMatch::Route { route, path } => match Endpoint::of(path) {
+    let path = parts.uri.path();
+    let (route, endpoint) = match routes.lookup(path) {
+        RouteMatch::Route { route, path: rest } => match Endpoint::of(rest) {
             Some(endpoint) => (route, endpoint),
-            None => return GatewayError::NotFound(parts.uri.path().to_owned()).into_response(),
+            None => return GatewayError::NotFound(path.to_owned()).response_in(dialect_of(path)),
         },
         RouteMatch::Disabled(route) => {
-            return GatewayError::RouteDisabled(route.name.clone()).into_response();
+            return GatewayError::RouteDisabled(route.name.clone()).response_in(dialect_of(path));
         }
         RouteMatch::None => {
-            return GatewayError::NotFound(parts.uri.path().to_owned()).into_response();
+            return GatewayError::NotFound(path.to_owned()).response_in(dialect_of(path));
         }
     };
     let dialect = match endpoint {
@@ -119,24 +121,173 @@ pub async fn handle(
         route_name: route.name.clone(),
     };
     drop(snapshot);
-    let limit = gateway.config.server.max_body_bytes;
-    let body = match axum::body::to_bytes(body, limit).await {
+    let length = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    let body = match read_body(&gateway, body, length).await {
         Ok(b) => b,
-        Err(_) => return GatewayError::BodyTooLarge(limit >> 20).response_in(dialect),
+        Err(e) => return e.response_in(dialect),
     };
     let extensions = parts.extensions;
     let headers = parts.headers;
-    let served = match endpoint {
-        Endpoint::ChatCompletions | Endpoint::Responses | Endpoint::Messages => {
-            serve_chat(&gateway, dialect, &admission, &extensions, &headers, &body).await
+    let serve = async {
+        match endpoint {
+            Endpoint::ChatCompletions | Endpoint::Responses | Endpoint::Messages => {
+                serve_chat(&gateway, dialect, &admission, &extensions, &headers, body).await
+            }
+            Endpoint::Embeddings => {
+                serve_embeddings(&gateway, &admission, &extensions, &headers, &body).await
+            }
+            Endpoint::CountTokens => count_tokens(&gateway, &admission, &body),
+            Endpoint::Models => {
+                Ok(super::list_models(&gateway, &admission.principal).into_response())
+            }
         }
-        Endpoint::Embeddings => {
-            serve_embeddings(&gateway, &admission, &extensions, &headers, &body).await
-        }
-        Endpoint::CountTokens => count_tokens(&gateway, &admission, &body),
-        Endpoint::Models => Ok(super::list_models(&gateway, &admission.principal).into_response()),
+    };
+    // Past the shutdown grace, a request still waiting for its upstream gets a 503 in its dialect.
+    let served = tokio::select! {
+        served = serve => served,
+        () = gateway.drain.closing() => Err(shutting_down(&gateway)),
     };
     served.unwrap_or_else(|e| e.response_in(dialect))
+}
+
+/// The dialect a path's client speaks before an endpoint is known: a path with a `messages`
+/// segment is an Anthropic client's (a disabled route or a typo under `/v1/messages` still answers
+/// in Anthropic's error shape), one with `responses` a Responses client's, any other OpenAI's.
+fn dialect_of(path: &str) -> Dialect {
+    let mut segments = path.split('/');
+    if segments.clone().any(|s| s == "messages") {
+        Dialect::AnthropicMessages
+    } else if segments.any(|s| s == "responses") {
+        Dialect::OpenAiResponses
+    } else {
+        Dialect::OpenAiChat
+    }
+}
+
+/// The whole body, within `server.max_body_mib` and `server.request_body_timeout_seconds`, in one
+/// buffer sized from its `Content-Length`. Collecting the chunks and then joining them (as
+/// `axum::body::to_bytes` does) held a large body twice.
+pub(super) async fn read_body(
+    gateway: &Gateway,
+    body: Body,
+    length: Option<usize>,
+) -> Result<bytes::Bytes, GatewayError> {
+    use futures::StreamExt;
+    let server = &gateway.config.server;
+    let limit = server.max_body_bytes;
+    let within = server.edge.request_body_timeout;
+    let read = async {
+        let mut out = Vec::with_capacity(length.unwrap_or(0).min(limit));
+        let mut chunks = body.into_data_stream();
+        while let Some(chunk) = chunks.next().await {
+            let chunk = chunk.map_err(|_| GatewayError::BodyTooLarge(limit >> 20))?;
+            if out.len() + chunk.len() > limit {
+                return Err(GatewayError::BodyTooLarge(limit >> 20));
+            }
+            out.extend_from_slice(&chunk);
+        }
+        Ok(bytes::Bytes::from(out))
+    };
+    match tokio::time::timeout(within, read).await {
+        Ok(read) => read,
+        Err(_) => Err(GatewayError::BodyTimeout(within.as_secs_f64())),
+    }
+}
+
+fn shutting_down(gateway: &Gateway) -> GatewayError {
+    GatewayError::ShuttingDown(gateway.config.server.edge.shutdown_grace.as_secs_f64())
+}
+
+/// A request between the choice of its model and its upstream's answer. Dropped before
+/// [`Waiting::answered`] means the client went away (hyper drops the handler when the connection
+/// closes) or the drain deadline cut it: it still gets its request-log row and access line, with
+/// what it waited.
+struct Waiting<'a> {
+    gateway: &'a Gateway,
+    row: Option<ApiLogRow>,
+    started: Instant,
+    /// For the request metrics of an abandoned request.
+    dialect: Dialect,
+    operation: Operation,
+}
+
+impl<'a> Waiting<'a> {
+    fn new(
+        gateway: &'a Gateway,
+        admission: &Admission,
+        model: &ModelEntry,
+        started: Instant,
+        dialect: Dialect,
+        operation: Operation,
+    ) -> Self {
+        Waiting {
+            gateway,
+            row: Some(ApiLogRow {
+                model: model.config.id.clone(),
+                ..admission.log_row()
+            }),
+            started,
+            dialect,
+            operation,
+        }
+    }
+
+    /// The upstream answered (or the attempts failed): the normal path logs the request.
+    fn answered(mut self) {
+        self.row = None;
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let Some(row) = self.row.take() else { return };
+        let waited = self.started.elapsed();
+        // 499: the client closed the request (nginx's code); 503 when the shutdown cut it.
+        let closing = self.gateway.drain.is_closing();
+        let (status, error): (u16, _) = if closing {
+            (503, shutting_down(self.gateway).to_string())
+        } else {
+            (
+                499,
+                "the client closed the connection before the upstream answered".to_owned(),
+            )
+        };
+        // Nobody hears this answer, but it is one the gateway gave up on: counted like the others,
+        // with no upstream (the attempt in flight was cancelled, so it has no outcome).
+        metrics::request_done(&metrics::RequestDone {
+            model: &row.model,
+            operation: self.operation,
+            inbound_protocol: self.dialect.as_str(),
+            upstream_protocol: "none",
+            endpoint: "none",
+            status,
+            duration: waited,
+            time_to_first_token: None,
+            output_tokens: 0,
+            attempts: 0,
+        });
+        // The 503 is an answer `handle` still sends (and counts as an error there); the 499 is not.
+        if !closing {
+            metrics::request_error("caller_disconnected", self.dialect.as_str(), status);
+        }
+        tracing::info!(
+            target: "switchyard::access",
+            model = %row.model,
+            status,
+            latency_ms = waited.as_millis() as u64,
+            "{error}"
+        );
+        self.gateway.record(ApiLogRow {
+            status: i32::from(status),
+            latency_ms: waited.as_secs_f64() * 1000.0,
+            error: Some(error),
+            ..row
+        });
+    }
 }
 
 fn capability(dialect: Dialect) -> Capability {
@@ -219,37 +370,42 @@ async fn serve_chat(
     admission: &Admission,
     extensions: &axum::http::Extensions,
     headers: &HeaderMap,
-    body: &[u8],
+    body: bytes::Bytes,
 ) -> Result<Response, GatewayError> {
     let started = Instant::now();
-    // Parsed once: the IR is read from it, and it is kept for upstreams of the same dialect, which
-    // get it nearly verbatim.
-    let parsed: serde_json::Value =
-        protocol::json::parse(body).map_err(|e| GatewayError::InvalidBody(e.to_string()))?;
+    // The IR is read from the body without a tree of the whole of it, within the configured
+    // limits; `Inbound::new` keeps the bytes for upstreams of the same dialect, which get them
+    // nearly verbatim, and the IR's messages for the others.
     let request = dialect
-        .parse_request_value(&parsed)
+        .parse_request_within(&body, gateway.config.server.request_limits)
         .map_err(|e| GatewayError::InvalidBody(e.to_string()))?;
-    let serde_json::Value::Object(raw) = parsed else {
-        return Err(GatewayError::InvalidBody(
-            "the body must be a JSON object".into(),
-        ));
-    };
     let model = published_model(gateway, &request.model, &admission.principal)?;
     let (caller, pin) = caller_and_pin(gateway, admission, extensions, headers);
-    let inbound = Inbound {
-        dialect,
-        prompt_tokens: request.prompt_token_estimate(),
-        request,
-        body: raw,
-    };
+    let modalities = request.modalities();
+    let upstreams = model.upstreams().iter().map(|u| upstream_dialect(u.kind));
+    let inbound = Inbound::new(dialect, request, body, upstreams);
     let facts = RequestFacts {
         prompt_tokens: inbound.prompt_tokens,
         max_tokens: inbound.request.max_output_tokens,
         stream: inbound.request.stream,
-        modalities: inbound.request.modalities(),
+        modalities,
         ..admission.facts(&caller, capability(dialect))
     };
-    let mut plan = select::select(&model, &facts, &gateway.routing, pin).await?;
+    let waiting = Waiting::new(
+        gateway,
+        admission,
+        &model,
+        started,
+        dialect,
+        Operation::Chat,
+    );
+    let mut plan = match select::select(&model, &facts, &gateway.routing, pin).await {
+        Ok(plan) => plan,
+        Err(e) => {
+            waiting.answered();
+            return Err(e.into());
+        }
+    };
     plan.credential = admission.credential();
     let strategy_error = plan.strategy_error.clone();
     let result = dispatch::chat(
@@ -261,6 +417,7 @@ async fn serve_chat(
         plan,
     )
     .await;
+    waiting.answered();
     let public = inbound.request.model.as_str();
     match result {
         Ok(Answer::Complete {
@@ -342,6 +499,7 @@ async fn serve_chat(
                     ..row
                 });
             });
+            let events = end_at_drain_deadline(gateway, events, dialect, public);
             let mut response = Response::new(Body::from_stream(futures::StreamExt::map(
                 events,
                 Ok::<_, std::convert::Infallible>,
@@ -422,6 +580,50 @@ fn request_metrics(
     });
 }
 
+/// The client's stream, ended with an error event in its dialect if the shutdown grace runs out
+/// before the upstream finishes.
+fn end_at_drain_deadline(
+    gateway: &Gateway,
+    events: impl futures::Stream<Item = bytes::Bytes> + Send + 'static,
+    dialect: Dialect,
+    public_model: &str,
+) -> impl futures::Stream<Item = bytes::Bytes> + Send + 'static {
+    use futures::StreamExt;
+    // Polled by the server after the handler returned, outside the id's task-local.
+    let request_id = crate::telemetry::request_id::current();
+    let state = (
+        Box::pin(events),
+        Box::pin(gateway.drain.closing()),
+        public_model.to_owned(),
+        request_id,
+    );
+    futures::stream::unfold(Some(state), move |state| async move {
+        let (mut events, mut closing, public_model, request_id) = state?;
+        tokio::select! {
+            biased;
+            next = events.next() => {
+                next.map(|b| (b, Some((events, closing, public_model, request_id))))
+            }
+            () = &mut closing => {
+                // Dropping the relay ends the upstream request.
+                drop(events);
+                let event = protocol::ir::StreamEvent::Error {
+                    status: 503,
+                    message: "the gateway is shutting down: the stream did not finish within the shutdown grace".into(),
+                };
+                let mut frames = dialect.encoder(&public_model).encode(&event);
+                if let Some(id) = &request_id {
+                    frames = frames
+                        .into_iter()
+                        .map(|f| protocol::sse::with_error_field(f, "request_id", id.as_str()))
+                        .collect();
+                }
+                Some((bytes::Bytes::from(frames.concat()), None))
+            }
+        }
+    })
+}
+
 fn record_failure(
     gateway: &Gateway,
     admission: &Admission,
@@ -439,9 +641,9 @@ fn record_failure(
         latency_ms = started.elapsed().as_millis() as u64,
         "all attempts failed"
     );
-    let attempts = match err {
-        GatewayError::AllAttemptsFailed(d) => d.attempts.len(),
-        _ => 0,
+    let (attempts, failed_attempts) = match err {
+        GatewayError::AllAttemptsFailed(d) => (d.attempts.len(), failed_attempts_json(&d.attempts)),
+        _ => (0, None),
     };
     metrics::request_done(&metrics::RequestDone {
         model: model.id(),
@@ -462,6 +664,7 @@ fn record_failure(
         status: i32::from(status),
         latency_ms: started.elapsed().as_secs_f64() * 1000.0,
         error: Some(err.to_string()),
+        failed_attempts,
         ..admission.log_row()
     });
 }
@@ -484,9 +687,26 @@ async fn serve_embeddings(
         prompt_tokens: u32::try_from(chars / 4).unwrap_or(u32::MAX),
         ..admission.facts(&caller, Capability::Embeddings)
     };
-    let mut plan = select::select(&model, &facts, &gateway.routing, pin).await?;
+    let waiting = Waiting::new(
+        gateway,
+        admission,
+        &model,
+        started,
+        Dialect::OpenAiChat,
+        Operation::Embeddings,
+    );
+    let mut plan = match select::select(&model, &facts, &gateway.routing, pin).await {
+        Ok(plan) => plan,
+        Err(e) => {
+            waiting.answered();
+            return Err(e.into());
+        }
+    };
     plan.credential = admission.credential();
-    match dispatch::embeddings(gateway.upstreams(), &gateway.routing, &model, &raw, plan).await {
+    let result =
+        dispatch::embeddings(gateway.upstreams(), &gateway.routing, &model, &raw, plan).await;
+    waiting.answered();
+    match result {
         Ok((body, attribution)) => {
             log_request(&model_name, &attribution, started, None);
             let elapsed = started.elapsed();
@@ -530,17 +750,11 @@ fn count_tokens(
     admission: &Admission,
     body: &[u8],
 ) -> Result<Response, GatewayError> {
-    let dialect = Dialect::AnthropicMessages;
-    // count_tokens bodies carry no max_tokens; the parser wants one.
-    let mut value: serde_json::Value = serde_json::from_slice(body)
-        .map_err(|e| GatewayError::InvalidBody(format!("not valid JSON: {e}")))?;
-    if let Some(map) = value.as_object_mut() {
-        map.entry("max_tokens").or_insert(serde_json::json!(1));
-    }
-    let bytes = serde_json::to_vec(&value).unwrap_or_default();
-    let request = dialect
-        .parse_request(&bytes)
-        .map_err(|e| GatewayError::InvalidBody(e.to_string()))?;
+    let request = protocol::anthropic_messages::parse_count_tokens_request(
+        body,
+        gateway.config.server.request_limits,
+    )
+    .map_err(|e| GatewayError::InvalidBody(e.to_string()))?;
     published_model(gateway, &request.model, &admission.principal)?;
     Ok(
         axum::Json(serde_json::json!({ "input_tokens": request.prompt_token_estimate() }))

@@ -4,12 +4,14 @@ pub mod auth;
 pub mod caller;
 pub mod error;
 mod inference;
+pub mod listener;
 pub mod metrics;
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::State;
+use axum::http::StatusCode;
 use axum::routing::get;
 use axum::{Json, Router};
 
@@ -24,11 +26,16 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
     // Inference paths are matched by the inbound routes (longest path prefix), so they are the
     // fallback: fixed paths (health, and the admin room's `/admin/*`, `/routing`, `/health/deep`)
     // come first.
+    let admin = crate::admin::router().layer(axum::middleware::from_fn_with_state(
+        gateway.clone(),
+        admin_body_deadline,
+    ));
     // Every answer, whatever route gave it, carries the request's id (telemetry::request_id).
     Router::new()
         .route("/health", get(health))
+        .route("/health/ready", get(ready))
         .route("/metrics", get(metrics::scrape_as_admin))
-        .merge(crate::admin::router())
+        .merge(admin)
         .fallback(inference::handle)
         .layer(axum::middleware::from_fn(
             crate::telemetry::request_id::middleware,
@@ -36,11 +43,80 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .with_state(gateway)
 }
 
-async fn health(State(gateway): State<Arc<Gateway>>) -> Json<serde_json::Value> {
-    Json(serde_json::json!({
-        "status": "ok",
-        "routes_configured": gateway.table().upstreams_configured(),
-    }))
+/// The admin API reads its bodies with axum's extractors: this reads them first, within the
+/// same size limit and deadline as inference bodies.
+async fn admin_body_deadline(
+    State(gateway): State<Arc<Gateway>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let (parts, body) = request.into_parts();
+    match inference::read_body(&gateway, body, None).await {
+        Ok(bytes) => {
+            next.run(axum::extract::Request::from_parts(parts, bytes.into()))
+                .await
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `GET /health`: 200 while serving; 503 from SIGTERM on, so a load balancer stops sending
+/// while in-flight requests drain.
+async fn health(State(gateway): State<Arc<Gateway>>) -> (StatusCode, Json<serde_json::Value>) {
+    let (status, word) = if gateway.drain.is_draining() {
+        (StatusCode::SERVICE_UNAVAILABLE, "draining")
+    } else {
+        (StatusCode::OK, "ok")
+    };
+    (
+        status,
+        Json(serde_json::json!({
+            "status": word,
+            "routes_configured": gateway.table().upstreams_configured(),
+        })),
+    )
+}
+
+/// `GET /health/ready`: whether this process can serve inference now, for load balancers: 200
+/// `ready` when at least one published model has an upstream it would try (weight above 0,
+/// circuit not open), else 503 `not_ready`. Counts only: no endpoint ids, URLs or errors (those
+/// are in `/health/deep`, behind the admin token).
+async fn ready(State(gateway): State<Arc<Gateway>>) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let table = gateway.table();
+    let health = &gateway.routing.health;
+    let now = Instant::now();
+    let (mut models, mut models_ready) = (0usize, 0usize);
+    let mut endpoints = std::collections::HashSet::new();
+    let mut open = std::collections::HashSet::new();
+    for model in table.models().filter(|m| m.config.published) {
+        models += 1;
+        let mut serves = false;
+        for upstream in model.upstreams() {
+            endpoints.insert(upstream.endpoint_id.as_str());
+            if health.admits(&upstream.endpoint_id, now).is_none() {
+                open.insert(upstream.endpoint_id.as_str());
+            } else if upstream.weight > 0.0 {
+                serves = true;
+            }
+        }
+        models_ready += usize::from(serves);
+    }
+    let is_ready = models_ready > 0;
+    let status = if is_ready {
+        axum::http::StatusCode::OK
+    } else {
+        axum::http::StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = serde_json::json!({
+        "status": if is_ready { "ready" } else { "not_ready" },
+        "models": models,
+        "models_ready": models_ready,
+        "endpoints": endpoints.len(),
+        "endpoints_circuit_open": open.len(),
+    });
+    (status, Json(body)).into_response()
 }
 
 /// `GET /v1/models`: every model the caller can reach under its route's groups, with aliases,
@@ -85,8 +161,16 @@ fn attributed_row(attribution: &Attribution, base: ApiLogRow) -> ApiLogRow {
         endpoint_id: Some(attribution.endpoint_id.clone()),
         attempts: attribution.failed_attempts.len() as i32 + 1,
         fell_back: attribution.fell_back,
+        failed_attempts: failed_attempts_json(&attribution.failed_attempts),
         ..base
     }
+}
+
+/// The request log's `failed_attempts`: `None` when nothing failed.
+fn failed_attempts_json(failed: &[crate::routing::dispatch::FailedAttempt]) -> Option<String> {
+    (!failed.is_empty())
+        .then(|| serde_json::to_string(failed).ok())
+        .flatten()
 }
 
 fn log_request(

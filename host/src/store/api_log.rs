@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
+use super::health::{RequestLogHealth, SharedTaskHealth};
 use super::{Pool, Store};
 
 /// Rows waiting to be written before new ones are dropped.
@@ -35,6 +36,9 @@ pub struct ApiLogRow {
     pub prompt_tokens: Option<i32>,
     pub completion_tokens: Option<i32>,
     pub error: Option<String>,
+    /// The attempts that failed before the one that answered (or all of them), as a JSON array
+    /// of `{provider, endpoint_id, error_type, error}`.
+    pub failed_attempts: Option<String>,
     /// The request's id (`x-request-id`), as returned to the client and sent upstream.
     pub request_id: Option<String>,
 }
@@ -47,6 +51,8 @@ pub struct ApiLog {
     pub write_errors: Arc<AtomicU64>,
     /// Rows written since start.
     pub written: Arc<AtomicU64>,
+    /// The batch writes: last success, failures since, last error.
+    writes: SharedTaskHealth,
 }
 
 impl ApiLog {
@@ -54,12 +60,23 @@ impl ApiLog {
     pub fn start(store: Store) -> ApiLog {
         let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
         let counts = Counts::default();
-        tokio::spawn(writer(store, rx, counts.clone()));
+        let writes = SharedTaskHealth::default();
+        tokio::spawn(writer(store, rx, counts.clone(), writes.clone()));
         ApiLog {
             tx,
             dropped: Arc::new(AtomicU64::new(0)),
             write_errors: counts.failed,
             written: counts.written,
+            writes,
+        }
+    }
+
+    /// The writer's state, for `/health/deep`.
+    pub fn health(&self) -> RequestLogHealth {
+        RequestLogHealth {
+            dropped_rows: self.dropped.load(Ordering::Relaxed),
+            failed_rows: self.write_errors.load(Ordering::Relaxed),
+            writes: self.writes.get(),
         }
     }
 
@@ -89,7 +106,12 @@ struct Counts {
 
 /// Wakes on a timer and drains whatever queued since, rather than on every row: waking per row
 /// cost a context switch per request and wrote tiny batches (found by profiling under load).
-async fn writer(store: Store, mut rx: mpsc::Receiver<ApiLogRow>, errors: Counts) {
+async fn writer(
+    store: Store,
+    mut rx: mpsc::Receiver<ApiLogRow>,
+    counts: Counts,
+    writes: SharedTaskHealth,
+) {
     let mut batch = Vec::with_capacity(BATCH);
     let mut timer = tokio::time::interval(FLUSH_EVERY);
     timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -106,17 +128,22 @@ async fn writer(store: Store, mut rx: mpsc::Receiver<ApiLogRow>, errors: Counts)
                 }
             }
             if batch.len() == BATCH {
-                flush(&store, &mut batch, &errors).await;
+                flush(&store, &mut batch, &counts, &writes).await;
             }
         }
-        flush(&store, &mut batch, &errors).await;
+        flush(&store, &mut batch, &counts, &writes).await;
         if closed {
             return;
         }
     }
 }
 
-async fn flush(store: &Store, batch: &mut Vec<ApiLogRow>, counts: &Counts) {
+async fn flush(
+    store: &Store,
+    batch: &mut Vec<ApiLogRow>,
+    counts: &Counts,
+    writes: &SharedTaskHealth,
+) {
     if batch.is_empty() {
         return;
     }
@@ -125,12 +152,14 @@ async fn flush(store: &Store, batch: &mut Vec<ApiLogRow>, counts: &Counts) {
             counts
                 .written
                 .fetch_add(batch.len() as u64, Ordering::Relaxed);
+            writes.succeeded();
         }
         Err(e) => {
             counts
                 .failed
                 .fetch_add(batch.len() as u64, Ordering::Relaxed);
             tracing::warn!("api_logs: {} rows not written: {e}", batch.len());
+            writes.failed(format!("{} rows not written: {e}", batch.len()));
         }
     }
     batch.clear();
@@ -172,6 +201,7 @@ macro_rules! insert_rows {
                     .push_bind(r.prompt_tokens)
                     .push_bind(r.completion_tokens)
                     .push_bind(&r.error)
+                    .push_bind(&r.failed_attempts)
                     .push_bind(&r.request_id);
             });
             qb.build().execute(&mut *tx).await?;
@@ -180,7 +210,7 @@ macro_rules! insert_rows {
     }};
 }
 
-const COLUMNS: &str = "INSERT INTO api_logs (created_at_ms, route, consumer, model, endpoint_id, attempts, fell_back, status, ttft_ms, latency_ms, prompt_tokens, completion_tokens, error, request_id) ";
+const COLUMNS: &str = "INSERT INTO api_logs (created_at_ms, route, consumer, model, endpoint_id, attempts, fell_back, status, ttft_ms, latency_ms, prompt_tokens, completion_tokens, error, failed_attempts, request_id) ";
 
 /// Writes `rows` in one transaction.
 async fn write(store: &Store, rows: &[ApiLogRow]) -> Result<(), sqlx::Error> {

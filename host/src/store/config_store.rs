@@ -46,6 +46,9 @@ pub trait ConfigStore:
     /// first call; it never goes backwards.
     fn watch(&self) -> watch::Receiver<i64>;
 
+    /// How the change feed's watcher fares (never run: all zero).
+    fn feed_health(&self) -> super::health::TaskHealth;
+
     /// Everything, read in one consistent transaction.
     async fn load_snapshot(&self) -> Result<Snapshot, StoreError>;
 }
@@ -241,6 +244,10 @@ macro_rules! impl_config_store {
 
             fn watch(&self) -> tokio::sync::watch::Receiver<i64> {
                 self.watch_feed()
+            }
+
+            fn feed_health(&self) -> $crate::store::health::TaskHealth {
+                self.feed.health.get()
             }
 
             async fn load_snapshot(&self) -> Result<$crate::store::snapshot::Snapshot, StoreError> {

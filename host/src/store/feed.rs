@@ -7,10 +7,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::watch;
 
+use super::health::SharedTaskHealth;
+
 #[derive(Debug)]
 pub(crate) struct Feed {
     tx: watch::Sender<i64>,
     started: AtomicBool,
+    /// Whether the backend's watcher reaches the database.
+    pub health: SharedTaskHealth,
 }
 
 impl Default for Feed {
@@ -18,6 +22,7 @@ impl Default for Feed {
         Feed {
             tx: watch::Sender::new(0),
             started: AtomicBool::new(false),
+            health: SharedTaskHealth::default(),
         }
     }
 }

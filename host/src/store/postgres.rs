@@ -103,6 +103,10 @@ async fn listen(pool: PgPool, schema: String, feed: Weak<Feed>) {
         match listen_once(&pool, &schema, &feed, &mut failures).await {
             Ok(()) => return,
             Err(e) => {
+                if let Some(feed) = feed.upgrade() {
+                    feed.health
+                        .failed(format!("listening for configuration changes: {e}"));
+                }
                 failures += 1;
                 if failures == 1 {
                     tracing::warn!(
@@ -123,6 +127,7 @@ async fn refresh(pool: &PgPool, feed: &Weak<Feed>) -> Result<bool, sqlx::Error> 
             .await?;
     match feed.upgrade() {
         Some(feed) => {
+            feed.health.succeeded();
             feed.publish(version);
             Ok(true)
         }
@@ -182,7 +187,12 @@ async fn listen_once(
                 match refresh(pool, feed).await {
                     Ok(true) => {}
                     Ok(false) => return Ok(()),
-                    Err(e) => tracing::debug!("postgres: polling the configuration version: {e}"),
+                    Err(e) => {
+                        tracing::debug!("postgres: polling the configuration version: {e}");
+                        if let Some(feed) = feed.upgrade() {
+                            feed.health.failed(format!("polling the configuration version: {e}"));
+                        }
+                    }
                 }
             }
         }

@@ -288,6 +288,9 @@ pub struct SyncStatus {
     pub last_error_at_ms: Option<i64>,
     /// Failed loads since the last success.
     pub consecutive_failures: u32,
+    /// The change feed (SQLite: polling the version; PostgreSQL: LISTEN and its safety poll). A
+    /// failing feed means changes made elsewhere are not seen, though no reload failed.
+    pub change_feed: super::health::TaskHealth,
 }
 
 /// The current snapshot and how its loading goes. Cheap to read from any thread.

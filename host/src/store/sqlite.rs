@@ -88,6 +88,7 @@ async fn poll(pool: SqlitePool, feed: Weak<Feed>) {
                     tracing::info!("sqlite: reading the configuration version works again");
                 }
                 failing = false;
+                feed.health.succeeded();
                 feed.publish(version);
             }
             Err(e) => {
@@ -95,6 +96,8 @@ async fn poll(pool: SqlitePool, feed: Weak<Feed>) {
                     tracing::warn!("sqlite: cannot read the configuration version: {e}");
                 }
                 failing = true;
+                feed.health
+                    .failed(format!("reading the configuration version: {e}"));
             }
         }
     }

@@ -546,6 +546,34 @@ async fn providers_upstreams_and_models(db: &TestDb) {
             .await,
         "lb_weight",
     );
+    // Stream deadlines: stored, cleared with `null`, and never 0.
+    let deadlines = |u: &Upstream| {
+        (
+            u.first_token_timeout_seconds,
+            u.idle_timeout_seconds,
+            u.stream_timeout_seconds,
+        )
+    };
+    assert_eq!(deadlines(&high), (None, None, None));
+    let high = s
+        .update_upstream(
+            &high.id,
+            patch(json!({"first_token_timeout_seconds": 1.5, "stream_timeout_seconds": 600})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(deadlines(&high), (Some(1.5), None, Some(600.0)));
+    assert_eq!(s.get_upstream(&high.id).await.unwrap(), high);
+    let high = s
+        .update_upstream(&high.id, patch(json!({"stream_timeout_seconds": null})))
+        .await
+        .unwrap();
+    assert_eq!(deadlines(&high), (Some(1.5), None, None));
+    assert_invalid(
+        s.update_upstream(&high.id, patch(json!({"idle_timeout_seconds": 0})))
+            .await,
+        "idle_timeout_seconds",
+    );
 
     // Keys: stored in full (they are sent upstream), masked whenever shown.
     let key: NewUpstreamKey = serde_json::from_value(

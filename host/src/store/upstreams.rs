@@ -36,6 +36,9 @@ table! {
         lb_weight: f64,
         capabilities: Option<String> = NullableJson,
         enabled: bool,
+        first_token_timeout_seconds: Option<f64>,
+        idle_timeout_seconds: Option<f64>,
+        stream_timeout_seconds: Option<f64>,
         created_at: i64,
         updated_at: i64,
     }

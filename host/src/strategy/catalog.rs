@@ -43,6 +43,13 @@ impl std::fmt::Debug for LoadedStrategy {
 }
 
 impl LoadedStrategy {
+    /// Whether the strategy sees `affinity-pinned` on its candidates (WIT 0.2.0 and later) and so
+    /// decides for itself what session affinity is worth; the host keeps the pinned candidate
+    /// first for older strategies, which cannot see it.
+    pub fn sees_affinity(&self) -> bool {
+        self.api != ApiVersion::V0_1
+    }
+
     /// `name version`, the label used in logs and errors.
     pub fn label(&self) -> String {
         format!("{} {}", self.name, self.version)

@@ -158,7 +158,9 @@ pub fn upstream_table(routes: &[ModelUpstream]) -> Vec<UpstreamInfo> {
             index: r.index,
             endpoint_id: r.endpoint_id.clone(),
             provider: r.kind.as_str().to_owned(),
-            base_url: r.base_url.clone(),
+            // Strategies route by host and path; a password in the URL is none of theirs (and their
+            // status is shown by `/routing`).
+            base_url: crate::entity::mask_url_password(&r.base_url).into_owned(),
             provider_model_id: r.provider_model_id.clone(),
             weight: r.weight,
             priority: r.priority,

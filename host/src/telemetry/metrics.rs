@@ -72,6 +72,9 @@ pub mod names {
     pub const STRATEGY_FALLBACKS: &str = "switchyard_strategy_fallbacks_total";
     /// Counter: strategy instances re-created after a failure (their state was reset).
     pub const STRATEGY_RESETS: &str = "switchyard_strategy_instance_resets_total";
+    /// Counter: client connections refused at the connection cap (`server.max_connections`)
+    /// with a 503, before any request was read.
+    pub const CONNECTIONS_REFUSED: &str = "switchyard_connections_refused_total";
     /// Counter: request-log rows by `outcome` written, dropped (queue full), failed (database).
     pub const REQUEST_LOG_ROWS: &str = "switchyard_request_log_rows_total";
     /// Gauge: database configuration versions the served snapshot is behind.
@@ -107,6 +110,7 @@ pub mod names {
         STRATEGY_FAILURES,
         STRATEGY_FALLBACKS,
         STRATEGY_RESETS,
+        CONNECTIONS_REFUSED,
         REQUEST_LOG_ROWS,
         CONFIG_SYNC_VERSIONS_BEHIND,
         CONFIG_SYNC_AGE,
@@ -249,6 +253,10 @@ fn describe() {
         STRATEGY_RESETS,
         "Strategy instances re-created after a failure"
     );
+    describe_counter!(
+        CONNECTIONS_REFUSED,
+        "Client connections refused at the connection cap"
+    );
     describe_counter!(REQUEST_LOG_ROWS, "Request-log rows, by outcome");
     describe_gauge!(
         CONFIG_SYNC_VERSIONS_BEHIND,
@@ -359,6 +367,11 @@ pub fn request_error(error_type: &'static str, inbound_protocol: &'static str, s
         "status_class" => status_class(status),
     )
     .increment(1);
+}
+
+/// A client connection refused at the connection cap.
+pub fn connection_refused() {
+    counter!(CONNECTIONS_REFUSED).increment(1);
 }
 
 /// One attempt against one upstream, as it ended.

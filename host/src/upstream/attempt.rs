@@ -6,13 +6,15 @@ use std::time::Instant;
 use bytes::Bytes;
 use futures::StreamExt;
 
-use crate::config::ModelUpstream;
+use crate::config::{ModelUpstream, StreamDeadlines};
 use crate::protocol::inbound::Inbound;
 use crate::protocol::ir;
 use crate::protocol::rename::ModelRename;
 use crate::protocol::{Dialect, sse};
 
-use super::relay::{EventStream, StreamRelay, StreamSummary};
+use super::client::describe;
+use super::redact::Redactor;
+use super::relay::{EventStream, StreamClock, StreamRelay, StreamSummary};
 use super::request::{chat_body, embeddings_body, endpoint, upstream_dialect};
 use super::{AttemptError, UpstreamClient};
 
@@ -48,7 +50,7 @@ pub struct AttemptEnd<'a> {
 pub enum ChatAnswer {
     /// A whole JSON body.
     Complete { body: Bytes, usage: ir::Usage },
-    /// An SSE stream past its first event; `summary` resolves when it ends.
+    /// An SSE stream past its commit point (first content); `summary` resolves when it ends.
     Stream {
         events: EventStream,
         summary: tokio::sync::oneshot::Receiver<StreamSummary>,
@@ -94,8 +96,19 @@ impl<'a> Attempt<'a> {
         });
     }
 
-    /// Reports `e` as the attempt's end and hands it back.
+    /// Masks the credentials this attempt sent (and anything credential-shaped) in upstream text.
+    fn redactor(&self) -> Redactor {
+        Redactor::new(
+            self.credential
+                .into_iter()
+                .chain(self.upstream.api_key.as_deref()),
+        )
+    }
+
+    /// Reports `e` as the attempt's end and hands it back, with its upstream text redacted: this
+    /// is where an error leaves the attempt for the client, health, logs and `api_logs`.
     fn failed(&self, sink: &mut impl AttemptSink, e: AttemptError) -> AttemptError {
+        let e = self.redactor().error(e);
         sink.end(AttemptEnd {
             outcome: Err(&e),
             status: e.status(),
@@ -107,8 +120,8 @@ impl<'a> Attempt<'a> {
     }
 
     /// Sends a chat request in the upstream's dialect and waits for the whole answer, or for a
-    /// stream's first event (until then a failure can still fall back; after it, the stream is
-    /// relayed and `sink` hears how it ends).
+    /// stream's first content or tool-call delta (until then a failure can still fall back;
+    /// after it, the stream is relayed and `sink` hears how it ends).
     pub async fn chat<S: AttemptSink>(
         self,
         inbound: &Inbound,
@@ -117,13 +130,30 @@ impl<'a> Attempt<'a> {
         let dialect = upstream_dialect(self.upstream.kind);
         let (url, auth) = endpoint(self.upstream, dialect, self.credential);
         let body = chat_body(inbound, self.upstream, dialect);
-        let response = match self.client.post_json(&url, auth, body).await {
+        let sent = self.client.post_json(&url, auth, body);
+        if inbound.request.stream {
+            // The first-token deadline runs from dispatch, so it bounds the headers too.
+            let deadlines = self
+                .client
+                .stream_deadlines
+                .with(&self.upstream.stream_deadlines);
+            let first_token_at = self.started + deadlines.first_token;
+            let response = match tokio::time::timeout_at(first_token_at.into(), sent).await {
+                Ok(Ok(response)) => response,
+                Ok(Err(e)) => return Err(self.failed(&mut sink, e)),
+                Err(_) => {
+                    let e = AttemptError::FirstTokenTimeout(deadlines.first_token);
+                    return Err(self.failed(&mut sink, e));
+                }
+            };
+            return self
+                .open_stream(response, dialect, inbound, deadlines, sink)
+                .await;
+        }
+        let response = match sent.await {
             Ok(response) => response,
             Err(e) => return Err(self.failed(&mut sink, e)),
         };
-        if inbound.request.stream {
-            return self.open_stream(response, dialect, inbound, sink).await;
-        }
         match self.complete(response, dialect, inbound).await {
             Ok((body, usage)) => {
                 self.answered(&mut sink, usage);
@@ -160,33 +190,42 @@ impl<'a> Attempt<'a> {
         Ok((body, parsed.usage))
     }
 
+    /// Holds the stream until its commit point (see [`StreamRelay::open`]); a failure before it
+    /// is the attempt's and can still fall back.
     async fn open_stream<S: AttemptSink>(
         self,
         response: reqwest::Response,
         dialect: Dialect,
         inbound: &Inbound,
-        mut sink: S,
+        deadlines: StreamDeadlines,
+        sink: S,
     ) -> Result<ChatAnswer, AttemptError> {
-        let mut events = sse::events(Box::pin(response.bytes_stream()));
-        // Until the first event nothing has reached the client, so a failure here can still fall back.
-        let first = match events.next().await {
-            Some(Ok(event)) => event,
-            Some(Err(e)) => {
-                return Err(self.failed(&mut sink, AttemptError::EmptyStream(e.to_string())));
-            }
-            None => {
-                return Err(self.failed(&mut sink, AttemptError::EmptyStream("no events".into())));
-            }
-        };
+        let events = sse::events(
+            Box::pin(response.bytes_stream()),
+            self.client.max_event_bytes,
+        )
+        .map(|read| {
+            read.map_err(|e| match e {
+                sse::ReadError::Body(e) => AttemptError::Transport(describe(&e)),
+                sse::ReadError::TooLarge(e) => AttemptError::ResponseTooLarge {
+                    what: "a stream event (upstream.max_event_kib)",
+                    limit: e.limit,
+                },
+            })
+        });
         let (mut relay, summary) = StreamRelay::new(
             Box::pin(events),
             dialect,
             inbound,
             ModelRename::new(&self.upstream.provider_model_id, &inbound.request.model),
-            self.started,
+            StreamClock {
+                started: self.started,
+                deadlines,
+            },
             sink,
+            self.redactor(),
         );
-        relay.relay(first);
+        relay.open(self.client.max_body_bytes).await?;
         Ok(ChatAnswer::Stream {
             events: Box::pin(relay),
             summary,

@@ -7,7 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use parking_lot::RwLock;
 
-use crate::config::UpstreamClientConfig;
+use crate::config::{StreamDeadlines, UpstreamClientConfig};
 
 use super::AttemptError;
 
@@ -35,6 +35,12 @@ pub struct UpstreamClient {
     http: reqwest::Client,
     first_byte_timeout: Duration,
     request_timeout: Duration,
+    /// Stream deadlines of upstreams that set none of their own.
+    pub(super) stream_deadlines: StreamDeadlines,
+    /// Largest whole answer read (`upstream.max_body_mib`).
+    pub(super) max_body_bytes: usize,
+    /// Largest event of a stream (`upstream.max_event_kib`).
+    pub(super) max_event_bytes: usize,
     /// Upstream URLs already parsed: a route's URL is the same string on every call, and parsing
     /// it showed in profiles under load.
     urls: Arc<RwLock<HashMap<String, reqwest::Url>>>,
@@ -51,6 +57,9 @@ impl UpstreamClient {
             http,
             first_byte_timeout: config.first_byte_timeout,
             request_timeout: config.request_timeout,
+            stream_deadlines: config.stream_deadlines,
+            max_body_bytes: config.max_body_bytes,
+            max_event_bytes: config.max_event_bytes,
             urls: Arc::default(),
         })
     }
@@ -114,11 +123,15 @@ impl UpstreamClient {
             .get(reqwest::header::RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
             .and_then(parse_retry_after);
-        let body = tokio::time::timeout(Duration::from_secs(5), response.bytes())
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .unwrap_or_default();
+        // Only as much as is kept: an error body can be as large as the upstream likes.
+        let body = tokio::time::timeout(
+            Duration::from_secs(5),
+            read_limited(response, ERROR_BODY_LIMIT, true),
+        )
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_default();
         Err(AttemptError::Status {
             status: status.as_u16(),
             body: truncate(&body),
@@ -126,13 +139,73 @@ impl UpstreamClient {
         })
     }
 
-    /// Reads a whole (non-streaming) body within the request timeout.
+    /// Reads a whole (non-streaming) body within the request timeout and the body limit.
     pub async fn read_body(&self, response: reqwest::Response) -> Result<Bytes, AttemptError> {
-        tokio::time::timeout(self.request_timeout, response.bytes())
-            .await
-            .map_err(|_| AttemptError::Timeout(self.request_timeout))?
-            .map_err(|e| AttemptError::Transport(describe(&e)))
+        tokio::time::timeout(
+            self.request_timeout,
+            read_limited(response, self.max_body_bytes, false),
+        )
+        .await
+        .map_err(|_| AttemptError::Timeout(self.request_timeout))?
     }
+}
+
+/// The body chunk by chunk, stopping at `limit` bytes: past it, the first `limit` bytes when
+/// `keep_head`, else a [`AttemptError::ResponseTooLarge`]. A declared length past the limit fails
+/// before anything is read.
+async fn read_limited(
+    mut response: reqwest::Response,
+    limit: usize,
+    keep_head: bool,
+) -> Result<Bytes, AttemptError> {
+    let too_large = AttemptError::ResponseTooLarge {
+        what: "the answer (upstream.max_body_mib)",
+        limit,
+    };
+    let declared = response.content_length().unwrap_or(0);
+    if !keep_head && declared > limit as u64 {
+        return Err(too_large);
+    }
+    // A body that arrives in one chunk is returned without a copy; more are joined as they come
+    // (kept apart, a body sent in tiny chunks would cost far more than its size).
+    let mut first: Option<Bytes> = None;
+    let mut joined: Vec<u8> = Vec::new();
+    let mut len = 0;
+    while let Some(mut chunk) = response
+        .chunk()
+        .await
+        .map_err(|e| AttemptError::Transport(describe(&e)))?
+    {
+        let full = len + chunk.len() > limit;
+        if full {
+            if !keep_head {
+                return Err(too_large);
+            }
+            chunk.truncate(limit - len);
+        }
+        len += chunk.len();
+        match first.take() {
+            None if joined.is_empty() => first = Some(chunk),
+            held => {
+                if let Some(held) = held {
+                    joined.reserve_exact((declared as usize).clamp(held.len(), limit));
+                    joined.extend_from_slice(&held);
+                }
+                // Doubling, but never past the limit: a body just under 64 MiB must not cost a
+                // 128 MiB buffer.
+                let needed = joined.len() + chunk.len();
+                if needed > joined.capacity() {
+                    let grown = (joined.capacity() * 2).clamp(needed, limit.max(needed));
+                    joined.reserve_exact(grown - joined.len());
+                }
+                joined.extend_from_slice(&chunk);
+            }
+        }
+        if full {
+            break;
+        }
+    }
+    Ok(first.unwrap_or_else(|| Bytes::from(joined)))
 }
 
 /// `Retry-After` as delay-seconds or an HTTP date (RFC 9110 §10.2.3); a date in the past is 0.
@@ -149,7 +222,7 @@ pub fn parse_retry_after(value: &str) -> Option<Duration> {
 }
 
 /// reqwest's Display hides the cause ("error sending request"); the chain says what happened.
-fn describe(e: &reqwest::Error) -> String {
+pub(super) fn describe(e: &reqwest::Error) -> String {
     let mut text = e.to_string();
     let mut source = std::error::Error::source(e);
     while let Some(s) = source {

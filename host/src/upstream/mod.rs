@@ -10,6 +10,7 @@
 mod attempt;
 mod client;
 mod error;
+pub mod redact;
 mod relay;
 mod request;
 

@@ -1,8 +1,11 @@
 //! Relaying an upstream's SSE stream to the client, event by event.
 //!
-//! A stream is locked to its upstream at its first event: splicing a second provider into an SSE
-//! stream would duplicate role events and corrupt usage, so after that point a failure ends the
-//! stream with an error event in the client's dialect instead of falling back.
+//! A stream is locked to its upstream at its first content or tool-call delta (its commit point;
+//! or its proper end, for an answer without content). Until then the relay holds the lifecycle
+//! frames it would send (`response.created`, `message_start`, a role-only delta, pings) and a
+//! failure, a stall past the first-token deadline or an early end is a failed attempt that falls
+//! back. After it, splicing a second provider into the stream would duplicate role events and
+//! corrupt usage, so a failure ends the stream with an error event in the client's dialect.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -10,7 +13,10 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use bytes::Bytes;
-use futures::Stream;
+use futures::{Stream, StreamExt};
+use tokio::time::Sleep;
+
+use crate::config::StreamDeadlines;
 
 use crate::protocol::inbound::Inbound;
 use crate::protocol::ir::{self, StreamEvent};
@@ -18,6 +24,7 @@ use crate::protocol::rename::ModelRename;
 use crate::protocol::sse::{self, SseEvent};
 use crate::protocol::{Decoder, Dialect, Encoder};
 
+use super::redact::Redactor;
 use super::{AttemptEnd, AttemptError, AttemptSink};
 
 pub type EventStream = Pin<Box<dyn Stream<Item = Bytes> + Send>>;
@@ -36,8 +43,8 @@ pub struct StreamSummary {
 /// Largest chunk the relay gathers from frames that are ready together.
 const BATCH_BYTES: usize = 16 * 1024;
 
-pub(super) type UpstreamEvents =
-    Pin<Box<dyn Stream<Item = Result<SseEvent, reqwest::Error>> + Send>>;
+/// The upstream's events; a failure to read them (transport, an oversized event) is the attempt's.
+pub(super) type UpstreamEvents = Pin<Box<dyn Stream<Item = Result<SseEvent, AttemptError>> + Send>>;
 
 /// Relays upstream SSE events to the client as they come — verbatim (model renamed) when the
 /// dialects match, else re-encoded — decoding each one to note the first token, usage and errors,
@@ -54,13 +61,33 @@ pub(super) struct StreamRelay<S: AttemptSink> {
     public_model: String,
     started: Instant,
     first_token: Option<f64>,
+    /// The upstream said the answer is complete.
+    answered: bool,
     usage: ir::Usage,
     /// Set when the upstream's stream reported an error event.
     upstream_error: Option<String>,
+    deadlines: StreamDeadlines,
+    /// The end of the whole stream's time.
+    total: Pin<Box<Sleep>>,
+    /// Silence allowed until; armed at the commit point and moved on as events arrive.
+    idle: Pin<Box<Sleep>>,
+    /// An event arrived since `idle` was last moved on.
+    heard: bool,
     finished: bool,
     summary: Option<tokio::sync::oneshot::Sender<StreamSummary>>,
     /// Dropped with the relay; told nothing more if the client leaves first.
     sink: S,
+    /// Masks credentials in the upstream's error events and in what a broken stream says.
+    redactor: Redactor,
+    /// The request's id, for the error event a broken stream ends with (the relay is polled by
+    /// the server after the handler returned, outside the id's task-local).
+    request_id: Option<crate::telemetry::request_id::RequestId>,
+}
+
+/// When a relayed stream started and the deadlines it runs under.
+pub(super) struct StreamClock {
+    pub started: Instant,
+    pub deadlines: StreamDeadlines,
 }
 
 impl<S: AttemptSink> StreamRelay<S> {
@@ -69,8 +96,9 @@ impl<S: AttemptSink> StreamRelay<S> {
         dialect: Dialect,
         inbound: &Inbound,
         rename: ModelRename,
-        started: Instant,
+        StreamClock { started, deadlines }: StreamClock,
         sink: S,
+        redactor: Redactor,
     ) -> (Self, tokio::sync::oneshot::Receiver<StreamSummary>) {
         let (summary_tx, summary) = tokio::sync::oneshot::channel();
         let relay = StreamRelay {
@@ -87,13 +115,100 @@ impl<S: AttemptSink> StreamRelay<S> {
             public_model: inbound.request.model.clone(),
             started,
             first_token: None,
+            answered: false,
             usage: ir::Usage::default(),
             upstream_error: None,
+            deadlines,
+            total: Box::pin(tokio::time::sleep_until((started + deadlines.total).into())),
+            idle: Box::pin(tokio::time::sleep_until((started + deadlines.total).into())),
+            heard: false,
             finished: false,
             summary: Some(summary_tx),
             sink,
+            redactor,
+            request_id: crate::telemetry::request_id::current(),
         };
         (relay, summary)
+    }
+
+    /// Reads the upstream until its first content or tool-call delta (the commit point), or until
+    /// it completes properly without any, queueing what the client will be sent. Fails — and
+    /// tells the sink — when the upstream fails, reports an error, sends an invalid event, ends
+    /// early, holds more than `held_limit` bytes of frames, or passes the first-token (or total)
+    /// deadline first. Nothing has reached the client until this returns `Ok`.
+    pub(super) async fn open(&mut self, held_limit: usize) -> Result<(), AttemptError> {
+        let first_token_at = self.started + self.deadlines.first_token;
+        let total_at = self.started + self.deadlines.total;
+        let (deadline, expired) = if first_token_at <= total_at {
+            (
+                first_token_at,
+                AttemptError::FirstTokenTimeout(self.deadlines.first_token),
+            )
+        } else {
+            (total_at, AttemptError::TotalTimeout(self.deadlines.total))
+        };
+        let mut held = 0;
+        let failure = loop {
+            let next = tokio::time::timeout_at(deadline.into(), self.upstream.next()).await;
+            match next {
+                Err(_) => break expired,
+                Ok(Some(Ok(event))) => {
+                    let before = self.pending.len();
+                    self.relay(event);
+                    held += self.pending.range(before..).map(Bytes::len).sum::<usize>();
+                    if let Some(message) = self.upstream_error.take() {
+                        break AttemptError::StreamFailed(message);
+                    }
+                    if self.first_token.is_some() || self.answered {
+                        self.commit();
+                        return Ok(());
+                    }
+                    if held > held_limit {
+                        break AttemptError::ResponseTooLarge {
+                            what: "the frames before the first content (upstream.max_body_mib)",
+                            limit: held_limit,
+                        };
+                    }
+                }
+                Ok(Some(Err(e))) => break e,
+                Ok(None) => {
+                    let closing = self.decoder.finish();
+                    if let Some(StreamEvent::Error { message, .. }) = closing
+                        .iter()
+                        .find(|e| matches!(e, StreamEvent::Error { .. }))
+                    {
+                        break AttemptError::EmptyStream(message.clone());
+                    }
+                    // Complete without content (an empty answer, `max_tokens: 0`): relayed.
+                    self.close(closing);
+                    self.finish(None);
+                    return Ok(());
+                }
+            }
+        };
+        self.fail_uncommitted(failure)
+    }
+
+    /// The stream is the client's from here: the idle deadline starts counting.
+    fn commit(&mut self) {
+        let at = Instant::now() + self.deadlines.idle;
+        self.idle.as_mut().reset(at.into());
+    }
+
+    /// Ends an attempt that failed before its commit point: the sink hears it, the client nothing.
+    fn fail_uncommitted(&mut self, e: AttemptError) -> Result<(), AttemptError> {
+        self.finished = true;
+        // The receiver goes with the failed attempt; the request log hears from the dispatch.
+        self.summary = None;
+        self.pending.clear();
+        self.sink.end(AttemptEnd {
+            outcome: Err(&e),
+            status: e.status(),
+            ttft_ms: None,
+            latency_ms: self.started.elapsed().as_secs_f64() * 1000.0,
+            usage: self.usage,
+        });
+        Err(e)
     }
 
     /// Queues what one upstream event becomes for the client.
@@ -108,7 +223,16 @@ impl<S: AttemptSink> StreamRelay<S> {
             self.pending.push_back(frame);
             return;
         }
-        let decoded = self.decoder.decode(&event.event, &event.data);
+        let mut decoded = self.decoder.decode(&event.event, &event.data);
+        let mut event = event;
+        if let Some(StreamEvent::Error { message, .. }) = decoded
+            .iter_mut()
+            .find(|e| matches!(e, StreamEvent::Error { .. }))
+        {
+            // An error event is upstream text on its way to the client and the request log.
+            *message = self.redactor.text(message);
+            event.data = self.redactor.text(&event.data);
+        }
         self.account(&decoded);
         match &mut self.encoder {
             Some(encoder) => self.pending.extend(encoder.encode_all(&decoded)),
@@ -144,6 +268,7 @@ impl<S: AttemptSink> StreamRelay<S> {
                     self.sink.first_token();
                 }
                 StreamEvent::Usage(u) => self.usage = *u,
+                StreamEvent::Done => self.answered = true,
                 StreamEvent::Error { message, .. } => {
                     self.upstream_error = Some(message.clone());
                 }
@@ -152,28 +277,71 @@ impl<S: AttemptSink> StreamRelay<S> {
         }
     }
 
-    /// The client's error frame for a stream that broke after its first event.
-    fn error_frames(&mut self, message: String) -> Vec<Bytes> {
-        let event = StreamEvent::Error {
-            status: 502,
-            message,
-        };
-        match &mut self.encoder {
+    /// The client's error frame for a stream that broke after its commit point.
+    fn error_frames(&mut self, status: u16, message: String) -> Vec<Bytes> {
+        let event = StreamEvent::Error { status, message };
+        let frames = match &mut self.encoder {
             Some(encoder) => encoder.encode(&event),
             None => self
                 .client_dialect
                 .encoder(&self.public_model)
                 .encode(&event),
+        };
+        match &self.request_id {
+            Some(id) => frames
+                .into_iter()
+                .map(|f| sse::with_error_field(f, "request_id", id.as_str()))
+                .collect(),
+            None => frames,
         }
     }
 
-    fn finish(&mut self, error: Option<String>) {
+    /// Queues what the upstream's end (`closing`: the decoder's last events) means for the client.
+    fn close(&mut self, closing: Vec<StreamEvent>) {
+        self.account(&closing);
+        if let Some(encoder) = &mut self.encoder {
+            let frames = encoder.encode_all(&closing);
+            self.pending.extend(frames);
+        } else if let Some(StreamEvent::Error { message, .. }) = closing
+            .iter()
+            .find(|e| matches!(e, StreamEvent::Error { .. }))
+        {
+            // Cut off without its terminal event: say so in the client's dialect.
+            let frames = self.error_frames(502, message.clone());
+            self.pending.extend(frames);
+        }
+    }
+
+    /// Ends the stream with `failure` told to the client in its dialect.
+    fn fail(&mut self, status: u16, message: String, failure: AttemptError) {
+        let frames = self.error_frames(status, message);
+        self.pending.extend(frames);
+        self.finish(Some(failure));
+    }
+
+    /// The deadline that ran out while the upstream was silent, if one did. Moves the idle
+    /// deadline on first when events came since it was set (once per wake-up, not per event).
+    fn expired(&mut self, cx: &mut Context<'_>) -> Option<AttemptError> {
+        if self.total.as_mut().poll(cx).is_ready() {
+            return Some(AttemptError::TotalTimeout(self.deadlines.total));
+        }
+        if std::mem::take(&mut self.heard) {
+            let at = Instant::now() + self.deadlines.idle;
+            self.idle.as_mut().reset(at.into());
+        }
+        if self.idle.as_mut().poll(cx).is_ready() {
+            return Some(AttemptError::IdleTimeout(self.deadlines.idle));
+        }
+        None
+    }
+
+    fn finish(&mut self, failure: Option<AttemptError>) {
         if self.finished {
             return;
         }
         self.finished = true;
         let latency_ms = self.started.elapsed().as_secs_f64() * 1000.0;
-        let failure = error.clone().map(AttemptError::StreamFailed);
+        let error = failure.as_ref().map(ToString::to_string);
         self.sink.end(AttemptEnd {
             outcome: failure.as_ref().map_or(Ok(()), Err),
             // The upstream answered 200; what failed came after.
@@ -205,37 +373,47 @@ impl<S: AttemptSink> Stream for StreamRelay<S> {
             while let Some(frame) = self.pending.pop_front() {
                 batch.push(frame);
             }
-            if self.finished || batch.len() >= BATCH_BYTES {
+            if self.finished {
+                break;
+            }
+            if batch.len() >= BATCH_BYTES {
+                // An upstream that always has more ready never lets the timers below be polled.
+                if Instant::now() >= self.started + self.deadlines.total {
+                    let e = AttemptError::TotalTimeout(self.deadlines.total);
+                    self.fail(504, e.to_string(), e);
+                    continue;
+                }
                 break;
             }
             match self.upstream.as_mut().poll_next(cx) {
-                Poll::Pending => break,
-                Poll::Ready(Some(Ok(event))) => self.relay(event),
+                Poll::Pending => match self.expired(cx) {
+                    // The deadline's frames go out on the next turn of the loop.
+                    Some(e) => {
+                        tracing::warn!("upstream stream ended by its deadline: {e}");
+                        self.fail(504, e.to_string(), e);
+                    }
+                    None => break,
+                },
+                Poll::Ready(Some(Ok(event))) => {
+                    self.heard = true;
+                    self.relay(event);
+                }
                 Poll::Ready(None) => {
                     // The decoder knows whether the answer was complete.
                     let closing = self.decoder.finish();
-                    self.account(&closing);
-                    if let Some(encoder) = &mut self.encoder {
-                        let frames = encoder.encode_all(&closing);
-                        self.pending.extend(frames);
-                    } else if let Some(StreamEvent::Error { message, .. }) = closing
-                        .iter()
-                        .find(|e| matches!(e, StreamEvent::Error { .. }))
-                    {
-                        // Cut off without its terminal event: say so in the client's dialect.
-                        let frames = self.error_frames(message.clone());
-                        self.pending.extend(frames);
-                    }
+                    self.close(closing);
                     let error = self.upstream_error.clone();
-                    self.finish(error);
+                    self.finish(error.map(AttemptError::StreamFailed));
                 }
                 Poll::Ready(Some(Err(e))) => {
                     // Bytes already reached the client: end with an error event, never fall back.
-                    tracing::warn!("upstream stream broke after its first event: {e}");
-                    let message = format!("upstream stream failed: {e}");
-                    let frames = self.error_frames(message.clone());
-                    self.pending.extend(frames);
-                    self.finish(Some(message));
+                    let message = self.redactor.text(&format!("upstream stream failed: {e}"));
+                    tracing::warn!("upstream stream broke after its commit point: {message}");
+                    let failure = match e {
+                        AttemptError::Transport(_) => AttemptError::StreamFailed(message.clone()),
+                        other => other,
+                    };
+                    self.fail(502, message, failure);
                 }
             }
         }

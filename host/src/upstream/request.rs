@@ -1,5 +1,9 @@
 //! What goes on the wire for one attempt: the URL, the credential and the body.
 
+use std::collections::BTreeMap;
+
+use serde_json::value::RawValue;
+
 use crate::config::{ModelUpstream, ProviderKind};
 use crate::protocol::Dialect;
 use crate::protocol::inbound::Inbound;
@@ -47,13 +51,63 @@ pub(super) fn chat_body(inbound: &Inbound, upstream: &ModelUpstream, dialect: Di
     if dialect != inbound.dialect {
         return dialect.build_request(&inbound.request, &upstream.provider_model_id);
     }
-    let body = PassThroughBody {
-        body: &inbound.body,
+    // The top-level fields as slices of the client's bytes, in key order and the last of a
+    // repeated key winning, as a parsed object would have them: the upstream body is written
+    // straight from the client's, with no tree of it in between.
+    let Ok(fields) = serde_json::from_slice::<BTreeMap<String, &RawValue>>(&inbound.body) else {
+        // Unreachable for a parsed request (its body is a JSON object); the IR is then the source.
+        return dialect.build_request(&inbound.request, &upstream.provider_model_id);
+    };
+    let body = RawPassThroughBody {
+        fields: &fields,
         model: &upstream.provider_model_id,
         // Usage on Chat streams lets the gateway account tokens; the extra chunk is valid for clients.
         include_usage: dialect == Dialect::OpenAiChat && inbound.request.stream,
     };
-    serde_json::to_vec(&body).unwrap_or_default()
+    // Sized for the whole body up front: growing by doubling would copy it several times.
+    let mut out = Vec::with_capacity(inbound.body.len() + 256);
+    match serde_json::to_writer(&mut out, &body) {
+        Ok(()) => out,
+        Err(_) => Vec::new(),
+    }
+}
+
+/// [`PassThroughBody`] over the client's top-level fields as raw JSON.
+struct RawPassThroughBody<'a> {
+    fields: &'a BTreeMap<String, &'a RawValue>,
+    model: &'a str,
+    include_usage: bool,
+}
+
+impl serde::Serialize for RawPassThroughBody<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(None)?;
+        let mut has_options = false;
+        for (key, value) in self.fields {
+            match key.as_str() {
+                "model" => map.serialize_entry(key, self.model)?,
+                "stream_options" if self.include_usage => {
+                    has_options = true;
+                    // Not an object (not usable as the client sent it): options of our own.
+                    let options =
+                        serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(
+                            value.get(),
+                        )
+                        .unwrap_or_default();
+                    map.serialize_entry(key, &WithIncludeUsage(&options))?;
+                }
+                _ => map.serialize_entry(key, value)?,
+            }
+        }
+        if !self.fields.contains_key("model") {
+            map.serialize_entry("model", self.model)?;
+        }
+        if self.include_usage && !has_options {
+            map.serialize_entry("stream_options", &WithIncludeUsage(&serde_json::Map::new()))?;
+        }
+        map.end()
+    }
 }
 
 /// An embeddings body: the client's own, with the upstream's model name.
@@ -137,7 +191,21 @@ mod tests {
                 include_usage,
             })
             .expect("serialises");
-            serde_json::from_slice::<serde_json::Value>(&out).expect("valid JSON")
+            let out = serde_json::from_slice::<serde_json::Value>(&out).expect("valid JSON");
+            // The chat path writes from the client's bytes; it must agree with the parsed form.
+            let bytes = serde_json::to_vec(&map).expect("serialises");
+            let fields: BTreeMap<String, &RawValue> = serde_json::from_slice(&bytes).expect("raw");
+            let raw = serde_json::to_vec(&RawPassThroughBody {
+                fields: &fields,
+                model: "up/model",
+                include_usage,
+            })
+            .expect("serialises");
+            assert_eq!(
+                serde_json::from_slice::<serde_json::Value>(&raw).expect("valid JSON"),
+                out
+            );
+            out
         };
         let messages = serde_json::json!([{"role": "user", "content": "hi"}]);
         assert_eq!(

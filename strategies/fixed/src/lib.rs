@@ -22,11 +22,16 @@
 //! lower tier's first entry is a weighted draw over that tier, and candidates without a usable
 //! weight come last in declared order. A tier without usable weights is in declared order either
 //! way.
+//!
+//! **Session affinity.** When the host marks a candidate `affinity_pinned` (the caller's prompt
+//! cache is warm there), it goes first and the rest keep the order above: a conversation stays on
+//! its endpoint while the host admits it, whatever the draw says. The draw still happens, so the
+//! fallbacks are what they would have been.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use switchyard_sdk::{
-    Candidate, Decision, Request, Rng, Strategy, StrategyInfo, order_of_positions,
+    Candidate, Decision, Request, Rng, Strategy, StrategyInfo, affinity_first, order_of_positions,
     prefill_aware_primary, priority_tiers, usable_weight, weighted_shuffle,
 };
 
@@ -133,7 +138,9 @@ impl Strategy for Fixed {
                 positions.extend(self.arrange(candidates, tier, &mut rng));
             }
         }
-        Ok(Decision::new(order_of_positions(candidates, &positions)))
+        let mut order = order_of_positions(candidates, &positions);
+        affinity_first(candidates, &mut order);
+        Ok(Decision::new(order))
     }
 }
 
@@ -250,6 +257,24 @@ mod tests {
             fixed()?.select(&Request::with_seed(5), &candidates)?.order,
             vec![0, 1]
         );
+        Ok(())
+    }
+
+    #[test]
+    fn the_affinity_pinned_candidate_leads_and_the_rest_keep_their_order() -> Result<(), String> {
+        let mut candidates = tiered(&[(0, 9.0, 1), (1, 1.0, 1), (2, 1.0, 0)]);
+        candidates[2].affinity_pinned = true;
+        for seed in 0..500 {
+            let unpinned = {
+                let mut c = candidates.clone();
+                c[2].affinity_pinned = false;
+                order("{}", &c, seed)?
+            };
+            let pinned = order("{}", &candidates, seed)?;
+            let mut expected = vec![2];
+            expected.extend(unpinned.into_iter().filter(|&i| i != 2));
+            assert_eq!(pinned, expected, "seed {seed}");
+        }
         Ok(())
     }
 

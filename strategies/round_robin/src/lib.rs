@@ -10,6 +10,9 @@
 //! `skip_open_circuits` (the default), a candidate whose circuit is not closed (the host may admit
 //! half-open ones as probes) is not the primary while a closed one exists. Skipped candidates keep
 //! their place in the fallback list.
+//!
+//! Session affinity (`affinity_pinned`) is ignored: rotating every request is the point of this
+//! strategy, and a caller pinned to one route would never rotate.
 
 use schemars::JsonSchema;
 use serde::Deserialize;

@@ -5,7 +5,10 @@
 //! while a slot is free) and a TTFT estimate (mean of its live latency profile). The LP
 //! ([`lp`]) minimises mean TTFT subject to `Σ π_j c_j ≤ B` with
 //! `B = c_min + α (c_max − c_min)`; the primary is drawn from the resulting (at most two-route)
-//! mixture with the request's seed. An endpoint with no samples is explored once per lease. See
+//! mixture with the request's seed. An endpoint with no samples is explored once per lease. Session
+//! affinity is a tie-break: the caller's pinned candidate stays primary only while the plan gives
+//! it a share (every member of the optimal mixture is as good as the draw); one the plan leaves out
+//! (at `budget_alpha` 1 everything goes to the fastest) loses the pin. See
 //! `docs/routewise.md` for the formulas, params, metadata and what the host supplies.
 //!
 //! Everything runs inside the component from the WIT inputs; time is the host's `now-ms`.
@@ -157,6 +160,8 @@ struct Counters {
     slots_expired: u64,
     leases_expired: u64,
     hedges_planned: u64,
+    /// Decisions that kept the caller's affinity-pinned candidate as the primary.
+    affinity_kept: u64,
 }
 
 /// The router of one model.
@@ -609,7 +614,17 @@ impl Strategy for RouteWise {
                 float_order(feasible[a].cost, feasible[b].cost)
                     .then(feasible[a].index.cmp(&feasible[b].index))
             });
-        let primary = explore.or_else(|| lp::sample(&plan.weights, u));
+        // Session affinity as a tie-break: the caller's warm endpoint stays primary while the plan
+        // gives it a share; one the optimum leaves out loses the pin (the host moves it).
+        let pinned = candidates
+            .iter()
+            .find(|c| c.affinity_pinned)
+            .and_then(|c| feasible.iter().position(|e| e.index == c.index))
+            .filter(|&p| plan.weights.get(p).is_some_and(|&w| w > lp::LP_EPS));
+        if explore.is_none() && pinned.is_some() {
+            self.counters.affinity_kept += 1;
+        }
+        let primary = explore.or(pinned).or_else(|| lp::sample(&plan.weights, u));
 
         let mut order: Vec<u32> = Self::fallback_positions(&feasible, &plan)
             .into_iter()
@@ -873,6 +888,7 @@ impl Strategy for RouteWise {
             "counters": {
                 "decisions": c.decisions,
                 "explorations": c.explorations,
+                "affinity_kept": c.affinity_kept,
                 "no_feasible_candidates": c.no_feasible,
                 "cheapest_fallback": c.cheapest_fallback,
                 "observations": c.observations,

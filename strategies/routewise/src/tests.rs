@@ -779,3 +779,32 @@ fn hedge_plan_picks_the_latest_checkpoint_a_backup_can_still_meet() -> Result<()
     assert!(!decision.strategy_metadata.contains("hedge"));
     Ok(())
 }
+
+#[test]
+fn affinity_is_a_tie_break_within_the_plan_only() -> Result<(), String> {
+    let pinned_to = |index: u32| -> Vec<Candidate> {
+        let mut c = candidates(&[0, 1]);
+        c[index as usize].affinity_pinned = true;
+        c
+    };
+    // budget_alpha 1: the plan puts everything on the fast route (1); a caller pinned to the slow
+    // one (0) is moved.
+    let mut rw = two_route_router(r#"{"budget_alpha": 1.0}"#)?;
+    for seed in 0..200 {
+        let order = rw.select(&request(seed, 1, 1_000), &pinned_to(0))?.order;
+        assert_eq!(order[0], 1, "seed {seed}: {order:?}");
+    }
+    assert_eq!(status(&rw)["counters"]["affinity_kept"], 0);
+    // budget_alpha 0.5: both routes are in the mixture, so the pin decides, every time.
+    let mut rw = two_route_router(r#"{"budget_alpha": 0.5}"#)?;
+    for seed in 0..200 {
+        for pinned in [0, 1] {
+            let order = rw
+                .select(&request(seed, 1, 1_000), &pinned_to(pinned))?
+                .order;
+            assert_eq!(order[0], pinned, "seed {seed}: {order:?}");
+        }
+    }
+    assert_eq!(status(&rw)["counters"]["affinity_kept"], 400);
+    Ok(())
+}

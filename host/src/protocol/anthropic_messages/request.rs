@@ -5,7 +5,7 @@ use serde_json::{Map, Value, json};
 use crate::protocol::ir::{
     ImageSource, Message, Part, Reasoning, Request, Role, Tool, ToolCall, ToolChoice, ToolResult,
 };
-use crate::protocol::json::{self, Obj, put};
+use crate::protocol::json::{self, Limits, Obj, put};
 use crate::protocol::{Dialect, ProtocolError, ids};
 
 /// `max_tokens` sent to Anthropic when the client set no limit (Anthropic requires one).
@@ -31,31 +31,44 @@ const MODELED: &[&str] = &[
     "stream",
 ];
 
-/// Parses and validates a client's Messages body.
+/// Parses and validates a client's Messages body within the default [`Limits`].
 pub fn parse_request(bytes: &[u8]) -> Result<Request, ProtocolError> {
-    parse_request_value(&json::parse(bytes)?)
+    parse_request_within(bytes, Limits::DEFAULT)
 }
 
-/// [`parse_request`] of a body already parsed as JSON (the gateway keeps the parsed body for
-/// pass-through, so it parses once).
-pub fn parse_request_value(v: &Value) -> Result<Request, ProtocolError> {
-    let body = Obj::body(v)?;
+/// [`parse_request`] within `limits`, which are checked as the body is read.
+pub fn parse_request_within(bytes: &[u8], limits: Limits) -> Result<Request, ProtocolError> {
+    parse(bytes, limits, true)
+}
+
+/// A `count_tokens` body: a Messages body that needs no `max_tokens`.
+pub fn parse_count_tokens_request(bytes: &[u8], limits: Limits) -> Result<Request, ProtocolError> {
+    parse(bytes, limits, false)
+}
+
+fn parse(bytes: &[u8], limits: Limits, needs_max_tokens: bool) -> Result<Request, ProtocolError> {
+    let lazy = json::Lazy::parse(bytes, "messages", limits)?;
+    let body = lazy.body()?;
     let model = body.req_str("model")?;
-    let max_tokens = body
-        .u32("max_tokens")?
-        .ok_or_else(|| body.missing("max_tokens"))?;
-    let raw_messages = match body.array("messages")? {
-        Some(m) if !m.is_empty() => m,
-        Some(_) => return Err(ProtocolError::invalid("messages", "must not be empty")),
-        None => return Err(ProtocolError::missing("messages")),
+    let max_tokens = match body.u32("max_tokens")? {
+        Some(n) => n,
+        None if needs_max_tokens => return Err(body.missing("max_tokens")),
+        None => 1,
     };
-    let mut messages = Vec::with_capacity(raw_messages.len() + 1);
+    let count = match lazy.list_len() {
+        Some(0) => return Err(ProtocolError::invalid("messages", "must not be empty")),
+        Some(n) => n,
+        None => {
+            // Not an array: name its type, or say it is missing.
+            body.array("messages")?;
+            return Err(ProtocolError::missing("messages"));
+        }
+    };
+    let mut messages = Vec::with_capacity(count + 1);
     if let Some(system) = system(&body)? {
         messages.push(system);
     }
-    for (i, m) in raw_messages.iter().enumerate() {
-        message(i, m, &mut messages)?;
-    }
+    lazy.each(|i, m| message(i, m, &mut messages))?;
     let mut r = Request::new(model, Dialect::AnthropicMessages, messages);
     r.max_output_tokens = Some(max_tokens);
     r.tools = tools(&body)?;
@@ -184,6 +197,16 @@ fn message(i: usize, v: &Value, out: &mut Vec<Message>) -> Result<(), ProtocolEr
             ));
         }
     };
+    if !blocks.iter().any(|p| matches!(p, Part::ToolResult(_))) {
+        // The common case keeps its exactly sized vector: a partition's vectors grow to room for
+        // four parts, which for one-part messages was a third of the IR's memory.
+        out.push(Message {
+            role,
+            content: blocks,
+            name: None,
+        });
+        return Ok(());
+    }
     let (results, rest): (Vec<Part>, Vec<Part>) = blocks
         .into_iter()
         .partition(|p| matches!(p, Part::ToolResult(_)));
@@ -395,7 +418,8 @@ pub fn build_request(r: &Request, provider_model_id: &str) -> Vec<u8> {
     if let Some(system) = system_value(&r.messages) {
         body.insert("system".into(), system);
     }
-    body.insert("messages".into(), Value::Array(messages(&r.messages)));
+    // Written by `Turns` as the body is serialized.
+    body.insert("messages".into(), Value::Null);
     if !r.tools.is_empty() {
         let tools = r
             .tools
@@ -444,7 +468,8 @@ pub fn build_request(r: &Request, provider_model_id: &str) -> Vec<u8> {
     } else {
         body.remove("stream");
     }
-    json::to_vec(&Value::Object(body))
+    let turns = Turns::of(&r.messages);
+    json::to_vec_with(&body, "messages", &turns, r.json_size_hint())
 }
 
 /// Anthropic requires an object schema at the top.
@@ -482,28 +507,87 @@ fn system_value(messages: &[Message]) -> Option<Value> {
     }
 }
 
-fn messages(messages: &[Message]) -> Vec<Value> {
-    let mut out: Vec<(&'static str, Vec<Value>)> = Vec::new();
-    for m in messages {
-        let role = match m.role {
-            Role::System | Role::Developer => continue,
-            Role::User | Role::Tool => "user",
-            Role::Assistant => "assistant",
-        };
-        let blocks: Vec<Value> = m.content.iter().filter_map(block_value).collect();
-        if blocks.is_empty() {
-            continue;
+/// The `messages` of an upstream body: user and assistant turns, serialized one block's tree at a
+/// time (a turn can hold a whole conversation of one role).
+struct Turns<'a>(Vec<(&'static str, Vec<&'a Message>)>);
+
+impl<'a> Turns<'a> {
+    fn of(messages: &'a [Message]) -> Self {
+        let mut out: Vec<(&'static str, Vec<&Message>)> = Vec::new();
+        for m in messages {
+            let role = match m.role {
+                Role::System | Role::Developer => continue,
+                Role::User | Role::Tool => "user",
+                Role::Assistant => "assistant",
+            };
+            if !m.content.iter().any(is_block) {
+                continue;
+            }
+            // Anthropic wants user and assistant turns to alternate: neighbours of one role merge
+            // (tool results and the user text after them become one user turn).
+            match out.last_mut() {
+                Some((last, turn)) if *last == role => turn.push(m),
+                _ => out.push((role, vec![m])),
+            }
         }
-        // Anthropic wants user and assistant turns to alternate: neighbours of one role merge
-        // (tool results and the user text after them become one user turn).
-        match out.last_mut() {
-            Some((last, content)) if *last == role => content.extend(blocks),
-            _ => out.push((role, blocks)),
-        }
+        Turns(out)
     }
-    out.into_iter()
-        .map(|(role, content)| json!({"role": role, "content": content}))
-        .collect()
+}
+
+impl serde::Serialize for Turns<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        let mut seq = serializer.serialize_seq(Some(self.0.len()))?;
+        for (role, messages) in &self.0 {
+            seq.serialize_element(&Turn { role, messages })?;
+        }
+        seq.end()
+    }
+}
+
+/// One user or assistant turn: `{"content": [blocks], "role": role}`.
+struct Turn<'a> {
+    role: &'static str,
+    messages: &'a [&'a Message],
+}
+
+impl serde::Serialize for Turn<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(Some(2))?;
+        map.serialize_entry("content", &Blocks(self.messages))?;
+        map.serialize_entry("role", self.role)?;
+        map.end()
+    }
+}
+
+/// The blocks of a turn's messages, each built just before it is written.
+struct Blocks<'a>(&'a [&'a Message]);
+
+impl serde::Serialize for Blocks<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        let mut seq = serializer.serialize_seq(None)?;
+        for part in self.0.iter().flat_map(|m| m.content.iter()) {
+            if let Some(block) = block_value(part) {
+                seq.serialize_element(&block)?;
+            }
+        }
+        seq.end()
+    }
+}
+
+/// Whether [`block_value`] gives a block for `p`.
+fn is_block(p: &Part) -> bool {
+    match p {
+        Part::Text { text, .. } => !text.is_empty(),
+        Part::Audio { .. } | Part::Video { .. } => false,
+        Part::Reasoning { signature, .. } => signature.is_some(),
+        Part::Image { .. }
+        | Part::RedactedReasoning { .. }
+        | Part::ToolCall(_)
+        | Part::ToolResult(_) => true,
+    }
 }
 
 /// The Anthropic block for a part; `None` for what Anthropic cannot take (audio, video, unsigned

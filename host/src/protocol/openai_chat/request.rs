@@ -6,7 +6,7 @@ use crate::protocol::ir::{
     Effort, Message, Part, Reasoning, Request, ResponseFormat, Role, Tool, ToolCall, ToolChoice,
     ToolResult,
 };
-use crate::protocol::json::{self, Obj, put};
+use crate::protocol::json::{self, Limits, Obj, put};
 use crate::protocol::openai_parts::{Parts, content};
 use crate::protocol::{Dialect, ProtocolError};
 
@@ -35,25 +35,30 @@ const MODELED: &[&str] = &[
     "stream",
 ];
 
-/// Parses and validates a client's Chat Completions body.
+/// Parses and validates a client's Chat Completions body within the default [`Limits`].
 pub fn parse_request(bytes: &[u8]) -> Result<Request, ProtocolError> {
-    parse_request_value(&json::parse(bytes)?)
+    parse_request_within(bytes, Limits::DEFAULT)
 }
 
-/// [`parse_request`] of a body already parsed as JSON (the gateway keeps the parsed body for
-/// pass-through, so it parses once).
-pub fn parse_request_value(v: &Value) -> Result<Request, ProtocolError> {
-    let body = Obj::body(v)?;
+/// [`parse_request`] within `limits`, which are checked as the body is read.
+pub fn parse_request_within(bytes: &[u8], limits: Limits) -> Result<Request, ProtocolError> {
+    let lazy = json::Lazy::parse(bytes, "messages", limits)?;
+    let body = lazy.body()?;
     let model = body.req_str("model")?;
-    let raw_messages = match body.array("messages")? {
-        Some(m) if !m.is_empty() => m,
-        Some(_) => return Err(ProtocolError::invalid("messages", "must not be empty")),
-        None => return Err(ProtocolError::missing("messages")),
+    let count = match lazy.list_len() {
+        Some(0) => return Err(ProtocolError::invalid("messages", "must not be empty")),
+        Some(n) => n,
+        None => {
+            // Not an array: name its type, or say it is missing.
+            body.array("messages")?;
+            return Err(ProtocolError::missing("messages"));
+        }
     };
-    let mut messages = Vec::with_capacity(raw_messages.len());
-    for (i, m) in raw_messages.iter().enumerate() {
+    let mut messages = Vec::with_capacity(count);
+    lazy.each(|i, m| {
         messages.push(message(i, m)?);
-    }
+        Ok(())
+    })?;
     let mut r = Request::new(model, Dialect::OpenAiChat, messages);
     r.tools = tools(&body)?;
     r.tool_choice = tool_choice(&body)?;
@@ -103,7 +108,10 @@ fn message(i: usize, v: &Value) -> Result<Message, ProtocolError> {
                 "developer" => Role::Developer,
                 _ => Role::User,
             };
-            (role, content(m.get("content"), &content_path, Parts::Chat)?)
+            // Only an assistant turn may go without content (when it calls tools): a user turn
+            // without any would be dropped by a translating builder, changing the conversation.
+            let given = m.get("content").ok_or_else(|| m.missing("content"))?;
+            (role, content(Some(given), &content_path, Parts::Chat)?)
         }
         "assistant" => {
             let mut parts = content(m.get("content"), &content_path, Parts::Chat)?;
@@ -301,11 +309,8 @@ pub fn build_request(r: &Request, provider_model_id: &str) -> Vec<u8> {
     let same = r.source == Dialect::OpenAiChat;
     let mut body = if same { r.extra.clone() } else { Map::new() };
     body.insert("model".into(), provider_model_id.into());
-    let mut messages = Vec::with_capacity(r.messages.len());
-    for m in &r.messages {
-        push_message(&mut messages, m, same);
-    }
-    body.insert("messages".into(), Value::Array(messages));
+    // Written by `ChatMessages` as the body is serialized.
+    body.insert("messages".into(), Value::Null);
     if !r.tools.is_empty() {
         let tools = r
             .tools
@@ -376,7 +381,32 @@ pub fn build_request(r: &Request, provider_model_id: &str) -> Vec<u8> {
         body.remove("stream");
         body.remove("stream_options");
     }
-    json::to_vec(&Value::Object(body))
+    let messages = ChatMessages {
+        messages: &r.messages,
+        same,
+    };
+    json::to_vec_with(&body, "messages", &messages, r.json_size_hint())
+}
+
+/// The `messages` of an upstream body, serialized one message's tree at a time.
+struct ChatMessages<'a> {
+    messages: &'a [Message],
+    same: bool,
+}
+
+impl serde::Serialize for ChatMessages<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        let mut seq = serializer.serialize_seq(None)?;
+        let mut one = Vec::new();
+        for m in self.messages {
+            push_message(&mut one, m, self.same);
+            for v in one.drain(..) {
+                seq.serialize_element(&v)?;
+            }
+        }
+        seq.end()
+    }
 }
 
 fn push_message(out: &mut Vec<Value>, m: &Message, same: bool) {
@@ -549,6 +579,18 @@ mod tests {
     }
 
     #[test]
+    fn an_assistant_turn_that_only_calls_tools_needs_no_content() {
+        let r = parse_request(
+            br#"{"model":"m","messages":[{"role":"user","content":"w?"},
+                {"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]},
+                {"role":"assistant","tool_calls":[{"id":"d","type":"function","function":{"name":"f","arguments":"{}"}}]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(r.messages.len(), 3);
+        assert!(matches!(r.messages[1].content[..], [Part::ToolCall(_)]));
+    }
+
+    #[test]
     fn rejects_what_it_cannot_translate() {
         for (body, reason) in [
             (
@@ -570,6 +612,19 @@ mod tests {
             (
                 r#"{"model":"m","messages":[{"role":"tool","content":"x"}]}"#,
                 "`messages[0].tool_call_id` is required",
+            ),
+            // A turn without content would vanish on the way to Anthropic (issue #16 item 3).
+            (
+                r#"{"model":"m","messages":[{"role":"user"}]}"#,
+                "`messages[0].content` is required",
+            ),
+            (
+                r#"{"model":"m","messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"},{"role":"user","content":null}]}"#,
+                "`messages[2].content` is required",
+            ),
+            (
+                r#"{"model":"m","messages":[{"role":"system","content":null},{"role":"user","content":"x"}]}"#,
+                "`messages[0].content` is required",
             ),
         ] {
             let err = parse_request(body.as_bytes()).unwrap_err().to_string();

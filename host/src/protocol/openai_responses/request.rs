@@ -6,7 +6,7 @@ use crate::protocol::ir::{
     Effort, Message, Part, Reasoning, Request, ResponseFormat, Role, Tool, ToolCall, ToolChoice,
     ToolResult,
 };
-use crate::protocol::json::{self, Obj, put};
+use crate::protocol::json::{self, Limits, Obj, put};
 use crate::protocol::openai_chat::empty_schema;
 use crate::protocol::openai_parts::{Parts, content};
 use crate::protocol::{Dialect, ProtocolError};
@@ -34,15 +34,15 @@ const MODELED: &[&str] = &[
 
 const STATELESS: &str = "this gateway is stateless: send the whole conversation in `input`";
 
-/// Parses and validates a client's Responses body.
+/// Parses and validates a client's Responses body within the default [`Limits`].
 pub fn parse_request(bytes: &[u8]) -> Result<Request, ProtocolError> {
-    parse_request_value(&json::parse(bytes)?)
+    parse_request_within(bytes, Limits::DEFAULT)
 }
 
-/// [`parse_request`] of a body already parsed as JSON (the gateway keeps the parsed body for
-/// pass-through, so it parses once).
-pub fn parse_request_value(v: &Value) -> Result<Request, ProtocolError> {
-    let body = Obj::body(v)?;
+/// [`parse_request`] within `limits`, which are checked as the body is read.
+pub fn parse_request_within(bytes: &[u8], limits: Limits) -> Result<Request, ProtocolError> {
+    let lazy = json::Lazy::parse(bytes, "input", limits)?;
+    let body = lazy.body()?;
     let model = body.req_str("model")?;
     if body.has("previous_response_id") {
         return Err(ProtocolError::unsupported(
@@ -60,18 +60,15 @@ pub fn parse_request_value(v: &Value) -> Result<Request, ProtocolError> {
     if let Some(instructions) = body.str("instructions")? {
         messages.push(Message::text(Role::System, instructions));
     }
-    match body.get("input") {
-        None => return Err(ProtocolError::missing("input")),
-        Some(Value::String(s)) => messages.push(Message::text(Role::User, s.as_str())),
-        Some(Value::Array(items)) if items.is_empty() => {
-            return Err(ProtocolError::invalid("input", "must not be empty"));
+    match (lazy.list_len(), body.get("input")) {
+        (Some(0), _) => return Err(ProtocolError::invalid("input", "must not be empty")),
+        (Some(n), _) => {
+            messages.reserve(n);
+            lazy.each(|i, item| input_item(item, &format!("input[{i}]"), &mut messages))?;
         }
-        Some(Value::Array(items)) => {
-            for (i, item) in items.iter().enumerate() {
-                input_item(item, &format!("input[{i}]"), &mut messages)?;
-            }
-        }
-        Some(other) => {
+        (None, None) => return Err(ProtocolError::missing("input")),
+        (None, Some(Value::String(s))) => messages.push(Message::text(Role::User, s.as_str())),
+        (None, Some(other)) => {
             return Err(ProtocolError::wrong_type(
                 "input",
                 "a string or an array of items",
@@ -322,11 +319,8 @@ pub fn build_request(r: &Request, provider_model_id: &str) -> Vec<u8> {
     if !instructions.is_empty() {
         body.insert("instructions".into(), instructions.join("\n\n").into());
     }
-    let mut input = Vec::new();
-    for m in &r.messages[leading..] {
-        push_items(&mut input, m);
-    }
-    body.insert("input".into(), Value::Array(input));
+    // Written by `InputItems` as the body is serialized.
+    body.insert("input".into(), Value::Null);
     if !r.tools.is_empty() {
         let tools = r
             .tools
@@ -425,7 +419,26 @@ pub fn build_request(r: &Request, provider_model_id: &str) -> Vec<u8> {
     }
     // Nothing is stored upstream unless the client asked: the gateway never refers back to it.
     body.entry("store").or_insert(Value::Bool(false));
-    json::to_vec(&Value::Object(body))
+    let input = InputItems(&r.messages[leading..]);
+    json::to_vec_with(&body, "input", &input, r.json_size_hint())
+}
+
+/// The `input` of an upstream body, serialized one message's items at a time.
+struct InputItems<'a>(&'a [Message]);
+
+impl serde::Serialize for InputItems<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        let mut seq = serializer.serialize_seq(None)?;
+        let mut items = Vec::new();
+        for m in self.0 {
+            push_items(&mut items, m);
+            for v in items.drain(..) {
+                seq.serialize_element(&v)?;
+            }
+        }
+        seq.end()
+    }
 }
 
 fn push_items(out: &mut Vec<Value>, m: &Message) {

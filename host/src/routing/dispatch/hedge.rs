@@ -1,6 +1,6 @@
 //! Latency hedging: when the strategy asks for it, the primary attempt gets a head start; if it
-//! has not answered (or sent its first event) by then, a backup is sent too and the first answer
-//! wins. The other attempt is cancelled.
+//! has not answered (or, streaming, sent its first content) by then, a backup is sent too and the
+//! first answer wins. The other attempt is cancelled.
 
 use std::time::Duration;
 

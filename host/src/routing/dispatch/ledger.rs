@@ -110,7 +110,8 @@ pub(super) struct AttemptLedger {
     /// The upstream's position in the model's list.
     position: usize,
     caller: Option<Arc<str>>,
-    /// The upstream's own (pool) key was sent, not the client's: a rejection quiets that key.
+    /// The upstream's own (pool) key was sent, not the client's (pass-through route): a rejection
+    /// quiets that key; a rejection of the client's key is the client's alone.
     uses_pool_key: bool,
     ticket: Ticket,
     /// The endpoint's health has not heard of this attempt yet.
@@ -129,8 +130,9 @@ impl AttemptLedger {
     }
 
     /// What a failed attempt says about the endpoint. A key rejected by the upstream
-    /// (401/402/403/429) is quieted and the endpoint hears nothing (`Neutral`): the rejection is
-    /// the key's.
+    /// (401/402/403/429) is the key's problem and the endpoint hears nothing (`Neutral`): a pool
+    /// key is quieted; a pass-through caller's own key is that caller's (the answer is relayed to
+    /// it), so one caller's junk or rate-limited key never opens the breaker for everyone else.
     fn failure_outcome(&self, e: &AttemptError) -> Outcome {
         let AttemptError::Status {
             status,
@@ -140,6 +142,9 @@ impl AttemptLedger {
         else {
             return Outcome::Failure;
         };
+        if !self.uses_pool_key && is_key_rejection(*status) {
+            return Outcome::Neutral;
+        }
         let key = self.upstream().key.as_ref().filter(|_| self.uses_pool_key);
         match key {
             Some(key) if is_key_rejection(*status) => {
@@ -190,6 +195,9 @@ impl AttemptSink for AttemptLedger {
             output_tokens: end.usage.output_tokens,
             cached_input_tokens: end.usage.cached_input_tokens,
         });
+        // A pass-through caller's own key rejected: nothing about the endpoint for the strategy
+        // to learn either.
+        let caller_key_rejected = !self.uses_pool_key && is_key_rejection(end.status);
         match end.outcome {
             Ok(()) => {
                 if health_pending {
@@ -216,9 +224,25 @@ impl AttemptSink for AttemptLedger {
                 }
                 tracing::debug!(endpoint = %endpoint_id, "attempt failed: {e}");
             }
+            // Health heard a success at the first token; a deadline that ran out (or an
+            // oversized event) after it is still the endpoint's failure. A connection that broke
+            // mid-stream is not charged again.
+            Err(
+                e @ (AttemptError::IdleTimeout(_)
+                | AttemptError::TotalTimeout(_)
+                | AttemptError::ResponseTooLarge { .. }),
+            ) => {
+                ctx.health.record(
+                    endpoint_id,
+                    Ticket::Normal,
+                    Outcome::Failure,
+                    Some(&e.to_string()),
+                );
+                tracing::debug!(endpoint = %endpoint_id, "stream failed: {e}");
+            }
             Err(_) => {}
         }
-        if let Some(strategy_metadata) = strategy_metadata {
+        if let Some(strategy_metadata) = strategy_metadata.filter(|_| !caller_key_rejected) {
             report(
                 &self.model.router,
                 Observation {

@@ -66,7 +66,7 @@ impl Attribution {
     ) -> Self {
         Self {
             provider: upstream.kind.as_str().to_owned(),
-            base_url: upstream.base_url.clone(),
+            base_url: crate::upstream::redact::url(&upstream.base_url).into_owned(),
             endpoint_id: upstream.endpoint_id.clone(),
             fell_back: !failed.is_empty(),
             failed_attempts: failed,
@@ -100,7 +100,7 @@ pub enum Answer {
         prompt_tokens: u32,
         completion_tokens: u32,
     },
-    /// An SSE stream, already past its first event; `summary` resolves when it ends.
+    /// An SSE stream, already past its first content; `summary` resolves when it ends.
     Stream {
         events: EventStream,
         attribution: Attribution,

@@ -1,0 +1,384 @@
+//! The accept loop: client connections with bounded waits, a cap below the file limit, and a
+//! shutdown that drains for `server.shutdown_grace_seconds` and then ends what is left.
+//!
+//! axum::serve has none of these knobs, so connections are driven by hyper-util's auto (HTTP/1 and
+//! HTTP/2) builder directly; the axum `Router` is the service.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::http::{HeaderValue, Request, Response, Version, header};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Notify, watch};
+use tower_service::Service;
+
+use crate::config::EdgeConfig;
+
+/// File descriptors kept back from the connection cap: upstream sockets beyond one per client
+/// (pools, health checks), the database, strategy files, logs.
+const RESERVED_FDS: u64 = 128;
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit and returns the limit now in force. A
+/// gateway holds two sockets per proxied request (client and upstream); the common soft default
+/// of 1,024 is reached by a few hundred idle clients.
+pub fn raise_file_limit() -> u64 {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    let soft = limit.current.unwrap_or(u64::MAX);
+    match limit.maximum {
+        Some(hard) if hard > soft => {
+            let raised = Rlimit {
+                current: Some(hard),
+                maximum: Some(hard),
+            };
+            match setrlimit(Resource::Nofile, raised) {
+                Ok(()) => hard,
+                Err(e) => {
+                    tracing::warn!("raising the file limit from {soft} to {hard} failed: {e}");
+                    soft
+                }
+            }
+        }
+        _ => soft,
+    }
+}
+
+/// The connection cap: `server.max_connections` when set, else half of what the file limit
+/// leaves after [`RESERVED_FDS`] (each client may hold an upstream socket too), at least 16.
+pub fn connection_cap(configured: Option<usize>, file_limit: u64) -> usize {
+    configured.unwrap_or_else(|| {
+        let derived = file_limit.saturating_sub(RESERVED_FDS) / 2;
+        usize::try_from(derived).unwrap_or(usize::MAX).max(16)
+    })
+}
+
+/// Where the process is in its life: serving, draining after SIGTERM, or past the drain deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Phase {
+    Serving,
+    Draining,
+    Closing,
+}
+
+/// The shutdown state every request can see: `/health` answers 503 while draining, and streams
+/// still running at the deadline end with an error event.
+#[derive(Debug)]
+pub struct Drain {
+    phase: watch::Sender<Phase>,
+}
+
+impl Default for Drain {
+    fn default() -> Self {
+        Self {
+            phase: watch::Sender::new(Phase::Serving),
+        }
+    }
+}
+
+impl Drain {
+    /// True from SIGTERM on: load balancers should stop sending.
+    pub fn is_draining(&self) -> bool {
+        *self.phase.borrow() >= Phase::Draining
+    }
+
+    /// True once the drain deadline has passed: what is still running is being ended.
+    pub fn is_closing(&self) -> bool {
+        *self.phase.borrow() >= Phase::Closing
+    }
+
+    /// Completes when the drain deadline has passed (never, if it does not come).
+    pub fn closing(&self) -> impl Future<Output = ()> + Send + 'static {
+        self.reached(Phase::Closing)
+    }
+
+    fn reached(&self, phase: Phase) -> impl Future<Output = ()> + Send + 'static {
+        let mut rx = self.phase.subscribe();
+        async move {
+            let reached = rx.wait_for(|p| *p >= phase).await.is_ok();
+            if !reached {
+                // The gateway is gone: nothing will drain.
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    fn advance(&self, phase: Phase) {
+        self.phase.send_if_modified(|p| {
+            let later = phase > *p;
+            if later {
+                *p = phase;
+            }
+            later
+        });
+    }
+}
+
+/// Counts open connections and wakes whoever waits for them all to close.
+#[derive(Default)]
+struct OpenConnections {
+    count: AtomicUsize,
+    closed: Notify,
+}
+
+impl OpenConnections {
+    /// Takes a slot if fewer than `cap` are open.
+    fn try_open(self: &Arc<Self>, cap: usize) -> Option<ConnectionSlot> {
+        self.count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < cap).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| ConnectionSlot(self.clone()))
+    }
+
+    async fn all_closed(&self) {
+        loop {
+            let notified = self.closed.notified();
+            if self.count.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// One open connection; frees its slot when dropped.
+struct ConnectionSlot(Arc<OpenConnections>);
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.closed.notify_waiters();
+        }
+    }
+}
+
+/// What a connection over the cap is told before it is closed.
+const REFUSAL: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\nretry-after: 1\r\ncontent-type: application/json\r\ncontent-length: 87\r\n\r\n{\"error\":{\"message\":\"too many connections\",\"type\":\"service_unavailable\",\"code\":\"busy\"}}";
+
+/// Serves `app` on `listener` until `shutdown` completes, then drains: `/health` answers 503,
+/// idle connections close, in-flight requests may run for `shutdown_grace`; then the streams still
+/// open end with an error event (see [`Drain::closing`]) and this returns.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    edge: &EdgeConfig,
+    max_connections: usize,
+    drain: Arc<Drain>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(edge.header_read_timeout);
+    // HTTP/2 has no header timeout in hyper; pings find peers that went away.
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Some(Duration::from_secs(30)))
+        .keep_alive_timeout(Duration::from_secs(20));
+    let builder = Arc::new(builder);
+    let open = Arc::new(OpenConnections::default());
+    let header_read_timeout = edge.header_read_timeout;
+    let mut shutdown = pin!(shutdown);
+    let mut draining = false;
+    let mut drained = pin!(drained(open.clone(), drain.clone(), edge.shutdown_grace));
+    let mut accept_errors = AcceptErrors::default();
+    loop {
+        let (tcp, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                Err(e) => {
+                    accept_errors.note(&e).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown, if !draining => {
+                tracing::info!(
+                    grace_seconds = edge.shutdown_grace.as_secs_f64(),
+                    "shutting down: draining in-flight requests"
+                );
+                draining = true;
+                drain.advance(Phase::Draining);
+                continue;
+            }
+            () = &mut drained, if draining => break,
+        };
+        let Some(slot) = open.try_open(max_connections) else {
+            refuse(tcp);
+            continue;
+        };
+        // Without TCP_NODELAY, the second small write of an SSE stream waits for the client's
+        // delayed ACK (~40 ms on Linux): streams crawled at ~700/s while the CPU idled.
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("TCP_NODELAY: {e}");
+        }
+        let builder = builder.clone();
+        let app = app.clone();
+        let drain = drain.clone();
+        tokio::spawn(async move {
+            let _slot = slot;
+            serve_connection(&builder, tcp, peer, app, drain, header_read_timeout).await;
+        });
+    }
+}
+
+/// Completes when, after draining began, every connection has closed, or the grace has passed
+/// and the streams still open were told to end (with a little time to send their last event).
+async fn drained(open: Arc<OpenConnections>, drain: Arc<Drain>, grace: Duration) {
+    drain.reached(Phase::Draining).await;
+    if tokio::time::timeout(grace, open.all_closed()).await.is_ok() {
+        return;
+    }
+    tracing::warn!(
+        open = open.count.load(Ordering::Acquire),
+        "shutdown grace of {:.1} s is over: ending the requests still in flight",
+        grace.as_secs_f64()
+    );
+    drain.advance(Phase::Closing);
+    let _ = tokio::time::timeout(Duration::from_secs(5), open.all_closed()).await;
+}
+
+async fn serve_connection(
+    builder: &auto::Builder<TokioExecutor>,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    app: Router,
+    drain: Arc<Drain>,
+    header_read_timeout: Duration,
+) {
+    // hyper's header timer starts once it knows the protocol, which takes the first bytes: a
+    // client that connects and sends nothing is bounded here.
+    if !request_started(&tcp, header_read_timeout).await {
+        return;
+    }
+    let requests_drain = drain.clone();
+    let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
+        request.extensions_mut().insert(ConnectInfo(peer));
+        let version = request.version();
+        let mut app = app.clone();
+        let drain = requests_drain.clone();
+        async move {
+            let mut response: Response<Body> = app.call(request.map(Body::new)).await?;
+            // A connection that began after draining started closes after its answer.
+            if version == Version::HTTP_11 && drain.is_draining() {
+                response
+                    .headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            Ok::<_, Infallible>(response)
+        }
+    });
+    // A connection open when draining begins stops taking requests after its current one. One
+    // accepted later is not told (hyper would drop it before reading its request): its answer
+    // carries `connection: close` instead.
+    let draining = if drain.is_draining() {
+        futures::future::Either::Left(std::future::pending())
+    } else {
+        futures::future::Either::Right(drain.reached(Phase::Draining))
+    };
+    let mut connection = pin!(builder.serve_connection(TokioIo::new(tcp), service));
+    tokio::select! {
+        result = connection.as_mut() => {
+            if let Err(e) = result {
+                tracing::debug!(%peer, "connection ended: {e}");
+            }
+            return;
+        }
+        () = draining => connection.as_mut().graceful_shutdown(),
+    }
+    if let Err(e) = connection.await {
+        tracing::debug!(%peer, "connection ended: {e}");
+    }
+}
+
+/// Waits until the client has sent enough to tell HTTP/1 from HTTP/2 (its first byte, or the
+/// HTTP/2 preface), for at most `within`. False if it sent nothing in time or closed.
+async fn request_started(tcp: &TcpStream, within: Duration) -> bool {
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    let deadline = tokio::time::Instant::now() + within;
+    let mut buf = [0u8; PREFACE.len()];
+    loop {
+        match tokio::time::timeout_at(deadline, tcp.peek(&mut buf)).await {
+            Err(_) | Ok(Err(_)) | Ok(Ok(0)) => return false,
+            Ok(Ok(n)) => {
+                if n == PREFACE.len() || buf[..n] != PREFACE[..n] {
+                    return true;
+                }
+            }
+        }
+        // Part of the preface (or of `POST`): peek would return the same bytes at once.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Answers a connection over the cap with a 503 and closes it, without waiting on the client.
+fn refuse(tcp: TcpStream) {
+    crate::telemetry::metrics::connection_refused();
+    let _ = tcp.try_write(REFUSAL);
+}
+
+/// Accept failures (out of file descriptors, mostly): logged at most once a second, with a short
+/// pause so the loop does not spin while nothing can be accepted.
+#[derive(Default)]
+struct AcceptErrors {
+    last_logged: Option<Instant>,
+    since_logged: u64,
+}
+
+impl AcceptErrors {
+    async fn note(&mut self, e: &std::io::Error) {
+        self.since_logged += 1;
+        if self
+            .last_logged
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
+        {
+            tracing::warn!(
+                failures = self.since_logged,
+                "accepting a connection failed: {e}"
+            );
+            self.last_logged = Some(Instant::now());
+            self.since_logged = 0;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_derived_cap_leaves_room_for_upstream_sockets() {
+        assert_eq!(connection_cap(None, 1024), 448);
+        assert_eq!(connection_cap(None, 256), 64);
+        assert_eq!(connection_cap(None, 100), 16);
+        assert_eq!(connection_cap(Some(10), 1024), 10);
+    }
+
+    #[test]
+    fn the_refusal_is_a_complete_http_response() {
+        let text = std::str::from_utf8(REFUSAL).unwrap_or_default();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap_or_default();
+        assert!(
+            head.contains(&format!("content-length: {}", body.len())),
+            "{head}"
+        );
+        assert!(
+            serde_json::from_str::<serde_json::Value>(body).is_ok(),
+            "{body}"
+        );
+    }
+}
