@@ -278,7 +278,11 @@ async fn serve(config: Config, listen: Option<String>) -> anyhow::Result<()> {
     if let Some(metrics_listen) = gateway.config.server.metrics_listen.clone() {
         serve_metrics(&metrics_listen, gateway.clone()).await?;
     }
-    serve_until_drained(listener, gateway, max_connections).await;
+    serve_until_drained(listener, gateway.clone(), max_connections).await;
+    // The request log writes in intervals: what the last one queued is written before exit.
+    if let Some(api_log) = &gateway.api_log {
+        api_log.finish(REQUEST_LOG_EXIT_DEADLINE).await;
+    }
     Ok(())
 }
 
@@ -298,6 +302,9 @@ fn client_connection_cap(edge: &switchyard::config::EdgeConfig) -> usize {
     );
     max_connections
 }
+
+/// How long exit waits for the request log's last rows (a stuck database must not hold it).
+const REQUEST_LOG_EXIT_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Serves until SIGTERM (or Ctrl-C) and the drain that follows are over.
 async fn serve_until_drained(

@@ -363,3 +363,38 @@ async fn a_request_abandoned_before_the_upstream_answers_is_logged_499_with_its_
     );
     assert_eq!(mock.chat_requests().await, 1);
 }
+
+#[tokio::test]
+async fn rows_queued_just_before_sigterm_are_written_before_exit() {
+    // The request log writes every 250 ms; a SIGTERM right after the last answer used to exit
+    // before that interval's rows were written.
+    let mock = Mock::start(&[]);
+    let mut gw = Gateway::start(&model(&mock, ""));
+    let client = reqwest::Client::new();
+    const REQUESTS: usize = 30;
+    for _ in 0..REQUESTS {
+        let response = client
+            .post(gw.url("/v1/chat/completions"))
+            .json(&chat_body("m", false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+    }
+    gw.terminate();
+    let exit = gw
+        .wait_exit(Duration::from_secs(30))
+        .expect("exits after SIGTERM");
+    assert!(exit.success(), "{exit:?}");
+    let db = sqlx::SqlitePool::connect(&format!(
+        "sqlite://{}",
+        gw.dir.path().join("switchyard.db").display()
+    ))
+    .await
+    .unwrap();
+    let (rows,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM api_logs WHERE status = 200")
+        .fetch_one(&db)
+        .await
+        .unwrap();
+    assert_eq!(rows, REQUESTS as i64, "every answered request has its row");
+}

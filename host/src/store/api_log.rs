@@ -53,6 +53,10 @@ pub struct ApiLog {
     pub written: Arc<AtomicU64>,
     /// The batch writes: last success, failures since, last error.
     writes: SharedTaskHealth,
+    /// Tells the writer to write what is queued now and stop (at exit).
+    closing: Arc<tokio::sync::Notify>,
+    /// The writer task, awaited once at exit.
+    task: Arc<parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>>,
 }
 
 impl ApiLog {
@@ -61,13 +65,37 @@ impl ApiLog {
         let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
         let counts = Counts::default();
         let writes = SharedTaskHealth::default();
-        tokio::spawn(writer(store, rx, counts.clone(), writes.clone()));
+        let closing = Arc::new(tokio::sync::Notify::new());
+        let task = tokio::spawn(writer(
+            store,
+            rx,
+            counts.clone(),
+            writes.clone(),
+            closing.clone(),
+        ));
         ApiLog {
             tx,
             dropped: Arc::new(AtomicU64::new(0)),
             write_errors: counts.failed,
             written: counts.written,
             writes,
+            closing,
+            task: Arc::new(parking_lot::Mutex::new(Some(task))),
+        }
+    }
+
+    /// Writes the rows still queued and stops the writer, waiting at most `within`. Called once the
+    /// server has drained: rows queued in the writer's last interval were lost at exit before.
+    pub async fn finish(&self, within: Duration) {
+        let Some(task) = self.task.lock().take() else {
+            return;
+        };
+        // `notify_one` keeps a permit if the writer is busy writing, so the signal is not missed.
+        self.closing.notify_one();
+        if tokio::time::timeout(within, task).await.is_err() {
+            tracing::warn!(
+                "api_logs: the last rows were not written within {within:?} of shutdown"
+            );
         }
     }
 
@@ -111,13 +139,16 @@ async fn writer(
     mut rx: mpsc::Receiver<ApiLogRow>,
     counts: Counts,
     writes: SharedTaskHealth,
+    closing: Arc<tokio::sync::Notify>,
 ) {
     let mut batch = Vec::with_capacity(BATCH);
     let mut timer = tokio::time::interval(FLUSH_EVERY);
     timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        timer.tick().await;
-        let mut closed = false;
+        let mut closed = tokio::select! {
+            _ = timer.tick() => false,
+            () = closing.notified() => true,
+        };
         loop {
             match rx.try_recv() {
                 Ok(row) => batch.push(row),
