@@ -12,6 +12,7 @@ mod harness;
 mod affinity;
 mod config_errors;
 mod database_health;
+mod deploy;
 mod edge;
 mod health;
 mod hedging;

@@ -9,6 +9,9 @@
 //!   `config/switchyard.yaml` in the foreground (Ctrl-C stops all three).
 //! - `ci`: every check CI runs: fmt, clippy (host and wasm targets) with `-D warnings`, the strategy
 //!   build, and every test of the workspace.
+//! - `deploy-manifests`: re-renders `deploy/manifests/` from the Helm chart (`deploy/check.py --write`,
+//!   in a virtualenv with `deploy/requirements.txt` under the target directory; the `deploy` e2e tests
+//!   check that the committed files equal the render).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -71,8 +74,9 @@ fn main() -> Result<()> {
         Some("build-strategies") if args.len() == 1 => build_strategies(),
         Some("demo") if args.len() == 1 => demo(),
         Some("ci") if args.len() == 1 => ci(),
+        Some("deploy-manifests") if args.len() == 1 => deploy_manifests(),
         _ => {
-            eprintln!("usage: cargo xtask <build-strategies | demo | ci>");
+            eprintln!("usage: cargo xtask <build-strategies | demo | ci | deploy-manifests>");
             std::process::exit(2);
         }
     }
@@ -184,6 +188,63 @@ fn ensure_prometheus() -> Result<()> {
         bail!(
             "`apt-get install -y prometheus` did not install Prometheus; the metrics test needs it"
         );
+    }
+    Ok(())
+}
+
+/// The Helm CLI is in none of the registries the project installs from; `deploy/check.py` renders the
+/// chart with Helm's Go SDK from PyPI (`helm-python-sdk`), in a virtualenv outside the clone that is
+/// rebuilt when `deploy/requirements.txt` changes (tests/e2e/deploy.rs uses the same one).
+fn deploy_manifests() -> Result<()> {
+    let root = workspace_root();
+    let requirements = root.join("deploy/requirements.txt");
+    let wanted = std::fs::read_to_string(&requirements)
+        .with_context(|| format!("reading {}", requirements.display()))?;
+    let venv = target_dir()?.join("deploy-venv");
+    let marker = venv.join("requirements.installed");
+    let python = venv.join("bin/python");
+    if std::fs::read_to_string(&marker).ok().as_deref() != Some(wanted.as_str()) || !python.exists()
+    {
+        eprintln!(
+            "==> virtualenv {} (deploy/requirements.txt)",
+            venv.display()
+        );
+        let _ = std::fs::remove_dir_all(&venv);
+        let status = Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .status()
+            .context("running python3 -m venv (python3 is needed)")?;
+        if !status.success() {
+            bail!(
+                "creating the virtualenv {} failed ({status})",
+                venv.display()
+            );
+        }
+        let status = Command::new(&python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "-r",
+            ])
+            .arg(&requirements)
+            .status()
+            .context("running pip")?;
+        if !status.success() {
+            bail!("installing {} failed ({status})", requirements.display());
+        }
+        std::fs::write(&marker, wanted).context("writing the virtualenv's marker")?;
+    }
+    let status = Command::new(&python)
+        .args(["deploy/check.py", "--write"])
+        .current_dir(&root)
+        .status()
+        .context("running deploy/check.py --write")?;
+    if !status.success() {
+        bail!("deploy/check.py --write failed ({status})");
     }
     Ok(())
 }
