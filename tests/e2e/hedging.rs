@@ -93,4 +93,47 @@ async fn a_slow_primary_triggers_exactly_one_backup_and_the_first_answer_wins() 
         1,
         "{log}"
     );
+
+    // The request log has both sides of the race: the primary that lost (cancelled, nothing
+    // known consumed) and the backup that answered, which alone is charged.
+    let mut row = serde_json::Value::Null;
+    for _ in 0..100 {
+        let page: serde_json::Value = client
+            .get(gateway.url("/admin/logs?limit=1"))
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        row = page["rows"][0].clone();
+        if row["attempt_log"].as_array().is_some_and(|a| a.len() == 2) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let attempts = row["attempt_log"].as_array().expect("an attempt log");
+    assert_eq!(attempts.len(), 2, "{row}");
+    let (lost, won) = (&attempts[0], &attempts[1]);
+    assert_eq!(
+        lost["endpoint_id"],
+        format!("m:local-{}", cheap.port),
+        "{row}"
+    );
+    assert_eq!(lost["error_type"], "cancelled", "{row}");
+    assert_eq!(lost["hedge"], false);
+    assert_eq!(lost["cost_usd"], 0.0);
+    assert_eq!(
+        won["endpoint_id"],
+        format!("m:local-{}", fast.port),
+        "{row}"
+    );
+    assert_eq!(won["hedge"], true);
+    assert_eq!(won["status"], 200);
+    assert!(won["error_type"].is_null(), "{row}");
+    let cost = won["cost_usd"].as_f64().unwrap();
+    assert!(cost > 0.0, "{row}");
+    assert_eq!(row["cost_usd"].as_f64(), Some(cost), "{row}");
+    assert_eq!(row["decision"]["strategy"], "routewise", "{row}");
 }

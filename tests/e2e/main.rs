@@ -25,6 +25,7 @@ mod prometheus;
 mod proxy;
 mod quota;
 mod request_bounds;
+mod request_log;
 mod routes;
 mod routewise;
 mod routewise_bootstrap;

@@ -2,8 +2,8 @@
 //!
 //! - the management API ([`management_router`]): CRUD for routes and their plugin configs,
 //!   consumers and their keys, providers, upstreams with their keys, and upstream model mappings;
-//!   RouteWise settings; the store's sync status; and the OpenAPI document generated from these
-//!   handlers. Writes go straight to the database; the request path sees them through its
+//!   RouteWise settings; the store's sync status; the request log ([`logs`]); and the OpenAPI
+//!   document generated from these handlers. Writes go straight to the database; the request path sees them through its
 //!   snapshot, which [`crate::store::Store::spawn_sync`] reloads on every change, in this process
 //!   and in every other one sharing the database.
 //! - runtime routing changes ([`weights`]): weight overrides and provider disables, in memory.
@@ -18,6 +18,7 @@
 pub mod auth;
 mod consumers;
 pub mod error;
+pub mod logs;
 mod provider_keys;
 mod routes;
 mod upstreams;
@@ -67,6 +68,7 @@ pub fn management_router() -> Router<Arc<Gateway>> {
     Router::new()
         .route("/admin/openapi.json", get(openapi_json))
         .route("/admin/store/status", get(store_status))
+        .route("/admin/logs", get(logs::list_logs))
         .route(
             "/admin/routes",
             get(routes::list_routes).post(routes::create_route),
@@ -210,7 +212,7 @@ pub fn api_doc() -> utoipa::openapi::OpenApi {
 #[openapi(
     info(
         title = "Switchyard management API",
-        description = "Routes, plugin configs, consumers and keys, providers, upstreams, upstream keys and model mappings. Every endpoint needs `Authorization: Bearer <admin token>` or the API key of a consumer with role `admin`."
+        description = "Routes, plugin configs, consumers and keys, providers, upstreams, upstream keys and model mappings, and the request log. Every endpoint needs `Authorization: Bearer <admin token>` or the API key of a consumer with role `admin`."
     ),
     paths(
         store_status,
@@ -259,6 +261,7 @@ pub fn api_doc() -> utoipa::openapi::OpenApi {
         provider_keys::create,
         provider_keys::set_min_role,
         provider_keys::reserve_env_key,
+        logs::list_logs,
     ),
     components(schemas(error::ErrorBody, error::ErrorDetail)),
     modifiers(&CommonResponses),
@@ -267,6 +270,7 @@ pub fn api_doc() -> utoipa::openapi::OpenApi {
         (name = "consumers", description = "Consumers and their API keys"),
         (name = "upstreams", description = "Providers, upstreams, upstream keys and model mappings"),
         (name = "store", description = "Sync status and this document"),
+        (name = "logs", description = "The request log"),
     )
 )]
 pub struct ApiDoc;

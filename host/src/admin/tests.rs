@@ -573,6 +573,7 @@ async fn the_openapi_document_lists_every_path() {
         ("/admin/upstream-models", &["get", "post"]),
         ("/admin/upstream-models/{id}", &["get", "patch", "delete"]),
         ("/admin/store/status", &["get"]),
+        ("/admin/logs", &["get"]),
         ("/admin/openapi.json", &["get"]),
         ("/admin/provider-keys", &["get", "post"]),
         ("/admin/provider-keys/min-role-env", &["post"]),
@@ -591,7 +592,7 @@ async fn the_openapi_document_lists_every_path() {
             assert!(op["responses"]["401"].is_object(), "{m} {path}: no 401");
         }
     }
-    assert_eq!(paths.len(), 24, "{:?}", paths.keys().collect::<Vec<_>>());
+    assert_eq!(paths.len(), 25, "{:?}", paths.keys().collect::<Vec<_>>());
     let schemas = doc["components"]["schemas"].as_object().unwrap();
     for schema in [
         "Route",

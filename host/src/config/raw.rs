@@ -453,13 +453,18 @@ fn default_weight() -> f64 {
     1.0
 }
 
+/// An upstream's prices in USD per million tokens.
 #[derive(Debug, Clone, Copy, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawPricing {
+    /// Input tokens read fresh (neither from nor into a prompt cache).
     pub prompt: f64,
     pub completion: f64,
+    /// Input tokens read from a prompt cache. Unset: strategies see 0; the request log charges
+    /// them at `prompt` (no discount it was not told about).
     #[serde(default)]
-    pub input_cache_reads: f64,
+    pub input_cache_reads: Option<f64>,
+    /// Input tokens written to a prompt cache (Anthropic). Unset: as `input_cache_reads`.
     #[serde(default)]
-    pub input_cache_writes: f64,
+    pub input_cache_writes: Option<f64>,
 }

@@ -137,8 +137,8 @@ pub(super) fn validate(
                 for (name, v) in [
                     ("prompt", p.prompt),
                     ("completion", p.completion),
-                    ("input_cache_reads", p.input_cache_reads),
-                    ("input_cache_writes", p.input_cache_writes),
+                    ("input_cache_reads", p.input_cache_reads.unwrap_or(0.0)),
+                    ("input_cache_writes", p.input_cache_writes.unwrap_or(0.0)),
                 ] {
                     if !v.is_finite() || v < 0.0 {
                         return Err(invalid(

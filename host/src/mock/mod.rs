@@ -83,6 +83,14 @@ pub struct Behaviour {
     pub fail_credentials: BTreeMap<String, u16>,
     /// Sent as `Retry-After` (seconds) with every failure on command.
     pub retry_after_seconds: Option<u64>,
+    /// Report this many input tokens (cached ones included, as the IR counts) instead of the
+    /// estimate from the request.
+    pub input_tokens: Option<u32>,
+    /// Report this many of the input tokens as read from a prompt cache.
+    pub cached_input_tokens: Option<u32>,
+    /// Report this many of the input tokens as written to a prompt cache (Anthropic's wire shape
+    /// is the only one that carries them).
+    pub cache_creation_input_tokens: Option<u32>,
 }
 
 /// What the mock received, for assertions.
@@ -345,9 +353,21 @@ struct Answer {
 impl Answer {
     fn plan(state: &MockState, request: &ir::Request) -> Self {
         let options = &state.options;
+        let reported = {
+            let b = state.behaviour.lock();
+            (
+                b.input_tokens,
+                b.cached_input_tokens,
+                b.cache_creation_input_tokens,
+            )
+        };
         let usage = |output_tokens: usize| Usage {
-            input_tokens: request.prompt_token_estimate(),
+            input_tokens: reported
+                .0
+                .unwrap_or_else(|| request.prompt_token_estimate()),
             output_tokens: u32::try_from(output_tokens).unwrap_or(u32::MAX),
+            cached_input_tokens: reported.1.unwrap_or(0),
+            cache_creation_input_tokens: reported.2.unwrap_or(0),
             ..Usage::default()
         };
         if let Some(name) = tool_to_call(options, request) {

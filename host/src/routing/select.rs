@@ -111,6 +111,51 @@ pub struct Plan {
     /// The key pools' declaration generation this plan was made under: a binding is only made
     /// if no declaration changed meanwhile (else a request in flight would undo a drop).
     pub key_generation: u64,
+    /// The random seed the strategy was given; `None` when no strategy ran (a pin).
+    pub seed: Option<u64>,
+}
+
+impl Plan {
+    /// What was decided, for the request log: who ordered the upstreams, in which order, with
+    /// which seed.
+    pub fn decision<'a>(&'a self, model: &'a ModelEntry) -> Decision<'a> {
+        let upstreams = model.upstreams();
+        Decision {
+            strategy: if self.pinned {
+                "pin"
+            } else {
+                &model.router.strategy.name
+            },
+            order: self
+                .order
+                .iter()
+                .filter_map(|&p| upstreams.get(p))
+                .map(|u| u.endpoint_id.as_str())
+                .collect(),
+            seed: self.seed,
+            strategy_error: self.strategy_error.as_deref(),
+        }
+    }
+}
+
+/// A plan's decision as `api_logs.decision` keeps it (JSON).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Decision<'a> {
+    /// The model's strategy, or `pin` for an operator's `X-Route-Pin`.
+    pub strategy: &'a str,
+    /// The endpoint ids in the order they were to be tried (one per candidate: an upstream with
+    /// several keys appears once per key).
+    pub order: Vec<&'a str>,
+    pub seed: Option<u64>,
+    /// Set when the strategy failed and `order` is the declared order.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub strategy_error: Option<&'a str>,
+}
+
+/// The seed handed to a strategy: 53 random bits, so that it is the same number wherever the
+/// request log's JSON is read (JavaScript's numbers hold integers exactly up to 2^53).
+fn strategy_seed() -> u64 {
+    rand::random::<u64>() >> 11
 }
 
 /// How session affinity took part in a selection.
@@ -243,6 +288,7 @@ pub async fn select_at(
                 credential: None,
                 role: facts.role,
                 key_generation: ctx.keys.generation(),
+                seed: None,
             }),
             Some(upstream) => Err(SelectionError::NoAdmissibleUpstream {
                 model: model.id().to_owned(),
@@ -363,7 +409,7 @@ pub async fn select_at(
         max_tokens: facts.max_tokens,
         stream: facts.stream,
         modalities: facts.modalities,
-        seed: rand::random(),
+        seed: strategy_seed(),
         now_ms: crate::clock::unix_ms(),
         prefill: PrefillPolicy {
             enabled: p.enabled,
@@ -429,6 +475,7 @@ pub async fn select_at(
         credential: None,
         role: facts.role,
         key_generation: ctx.keys.generation(),
+        seed: Some(request.seed),
     })
 }
 

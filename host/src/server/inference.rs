@@ -14,7 +14,7 @@ use crate::config::Capability;
 use crate::gateway::Gateway;
 use crate::protocol::inbound::Inbound;
 use crate::protocol::{self, Dialect};
-use crate::routing::dispatch::{self, Answer, Attribution};
+use crate::routing::dispatch::{self, Answer, AttemptLog, Attribution};
 use crate::routing::select::{self, RequestFacts};
 use crate::routing::table::ModelEntry;
 use crate::store::api_log::ApiLogRow;
@@ -22,7 +22,10 @@ use crate::telemetry::metrics::{self, Operation};
 use crate::upstream::upstream_dialect;
 
 use super::auth::{self, Principal};
-use super::{GatewayError, attributed_row, caller, clamp_i32, failed_attempts_json, log_request};
+use super::{
+    GatewayError, attributed_row, caller, clamp_i32, failed_attempts_json, log_request,
+    with_attempts,
+};
 use crate::inbound_routes::{Endpoint, RouteMatch};
 
 /// What authentication and the inbound route decided for one request.
@@ -209,6 +212,8 @@ fn shutting_down(gateway: &Gateway) -> GatewayError {
 struct Waiting<'a> {
     gateway: &'a Gateway,
     row: Option<ApiLogRow>,
+    /// The attempts sent so far, once the dispatch started.
+    attempts: Option<AttemptLog>,
     started: Instant,
     /// For the request metrics of an abandoned request.
     dialect: Dialect,
@@ -230,10 +235,19 @@ impl<'a> Waiting<'a> {
                 model: model.config.id.clone(),
                 ..admission.log_row()
             }),
+            attempts: None,
             started,
             dialect,
             operation,
         }
+    }
+
+    /// The dispatch starts: an abandoned request's row gets its decision and attempts too.
+    fn dispatching(&mut self, decision: Option<String>, attempts: &AttemptLog) {
+        if let Some(row) = &mut self.row {
+            row.decision = decision;
+        }
+        self.attempts = Some(attempts.clone());
     }
 
     /// The upstream answered (or the attempts failed): the normal path logs the request.
@@ -281,6 +295,10 @@ impl Drop for Waiting<'_> {
             latency_ms = waited.as_millis() as u64,
             "{error}"
         );
+        let row = match &self.attempts {
+            Some(attempts) => with_attempts(row, attempts),
+            None => row,
+        };
         self.gateway.record(ApiLogRow {
             status: i32::from(status),
             latency_ms: waited.as_secs_f64() * 1000.0,
@@ -391,7 +409,7 @@ async fn serve_chat(
         modalities,
         ..admission.facts(&caller, capability(dialect))
     };
-    let waiting = Waiting::new(
+    let mut waiting = Waiting::new(
         gateway,
         admission,
         &model,
@@ -408,6 +426,12 @@ async fn serve_chat(
     };
     plan.credential = admission.credential();
     let strategy_error = plan.strategy_error.clone();
+    let attempts = AttemptLog::default();
+    let base = ApiLogRow {
+        decision: serde_json::to_string(&plan.decision(&model)).ok(),
+        ..admission.log_row()
+    };
+    waiting.dispatching(base.decision.clone(), &attempts);
     let result = dispatch::chat(
         gateway.upstreams(),
         &gateway.routing,
@@ -415,6 +439,7 @@ async fn serve_chat(
         &model,
         &inbound,
         plan,
+        &attempts,
     )
     .await;
     waiting.answered();
@@ -438,7 +463,7 @@ async fn serve_chat(
                 Some(elapsed),
                 completion_tokens,
             );
-            gateway.record(ApiLogRow {
+            let row = ApiLogRow {
                 model: model.config.id.clone(),
                 status: 200,
                 // Without streaming the whole answer is the first token.
@@ -446,8 +471,9 @@ async fn serve_chat(
                 latency_ms,
                 prompt_tokens: Some(clamp_i32(prompt_tokens)),
                 completion_tokens: Some(clamp_i32(completion_tokens)),
-                ..attributed_row(&attribution, admission.log_row())
-            });
+                ..attributed_row(&attribution, base)
+            };
+            gateway.record(with_attempts(row, &attempts));
             Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
         }
         Ok(Answer::Stream {
@@ -466,7 +492,7 @@ async fn serve_chat(
             let row = ApiLogRow {
                 model: model.config.id.clone(),
                 status: 200,
-                ..attributed_row(&attribution, admission.log_row())
+                ..attributed_row(&attribution, base)
             };
             let logger = gateway.clone();
             let model = model.clone();
@@ -490,14 +516,16 @@ async fn serve_chat(
                     };
                     metrics::request_error(error_type, dialect.as_str(), 200);
                 }
-                logger.record(ApiLogRow {
+                // The relay told the attempt's ledger how it ended before it sent the summary.
+                let row = ApiLogRow {
                     ttft_ms: s.ttft_ms,
                     latency_ms: s.latency_ms,
                     prompt_tokens: Some(clamp_i32(s.prompt_tokens)),
                     completion_tokens: Some(clamp_i32(s.completion_tokens)),
                     error: s.error,
                     ..row
-                });
+                };
+                logger.record(with_attempts(row, &attempts));
             });
             let events = end_at_drain_deadline(gateway, events, dialect, public);
             let mut response = Response::new(Body::from_stream(futures::StreamExt::map(
@@ -518,7 +546,7 @@ async fn serve_chat(
             let err = GatewayError::from(e);
             record_failure(
                 gateway,
-                admission,
+                with_attempts(base, &attempts),
                 &model,
                 &err,
                 started,
@@ -624,9 +652,10 @@ fn end_at_drain_deadline(
     })
 }
 
+/// `base`: the row's route, caller, decision and attempts.
 fn record_failure(
     gateway: &Gateway,
-    admission: &Admission,
+    base: ApiLogRow,
     model: &ModelEntry,
     err: &GatewayError,
     started: Instant,
@@ -665,7 +694,7 @@ fn record_failure(
         latency_ms: started.elapsed().as_secs_f64() * 1000.0,
         error: Some(err.to_string()),
         failed_attempts,
-        ..admission.log_row()
+        ..base
     });
 }
 
@@ -687,7 +716,7 @@ async fn serve_embeddings(
         prompt_tokens: u32::try_from(chars / 4).unwrap_or(u32::MAX),
         ..admission.facts(&caller, Capability::Embeddings)
     };
-    let waiting = Waiting::new(
+    let mut waiting = Waiting::new(
         gateway,
         admission,
         &model,
@@ -703,8 +732,21 @@ async fn serve_embeddings(
         }
     };
     plan.credential = admission.credential();
-    let result =
-        dispatch::embeddings(gateway.upstreams(), &gateway.routing, &model, &raw, plan).await;
+    let attempts = AttemptLog::default();
+    let base = ApiLogRow {
+        decision: serde_json::to_string(&plan.decision(&model)).ok(),
+        ..admission.log_row()
+    };
+    waiting.dispatching(base.decision.clone(), &attempts);
+    let result = dispatch::embeddings(
+        gateway.upstreams(),
+        &gateway.routing,
+        &model,
+        &raw,
+        plan,
+        &attempts,
+    )
+    .await;
     waiting.answered();
     match result {
         Ok((body, attribution)) => {
@@ -719,19 +761,20 @@ async fn serve_embeddings(
                 None,
                 0,
             );
-            gateway.record(ApiLogRow {
+            let row = ApiLogRow {
                 model: model.config.id.clone(),
                 status: 200,
                 latency_ms: elapsed.as_secs_f64() * 1000.0,
-                ..attributed_row(&attribution, admission.log_row())
-            });
+                ..attributed_row(&attribution, base)
+            };
+            gateway.record(with_attempts(row, &attempts));
             Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
         }
         Err(e) => {
             let err = GatewayError::from(e);
             record_failure(
                 gateway,
-                admission,
+                with_attempts(base, &attempts),
                 &model,
                 &err,
                 started,

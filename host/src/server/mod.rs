@@ -166,6 +166,19 @@ fn attributed_row(attribution: &Attribution, base: ApiLogRow) -> ApiLogRow {
     }
 }
 
+/// The parts of a log row that come from the attempts: each of them, what they cost, and the
+/// answering attempt's prompt-cache tokens.
+fn with_attempts(row: ApiLogRow, attempts: &crate::routing::dispatch::AttemptLog) -> ApiLogRow {
+    let summary = crate::routing::dispatch::attempt_log::summarize(&attempts.records());
+    ApiLogRow {
+        attempt_log: summary.json,
+        cost_usd: summary.cost_usd,
+        cached_tokens: summary.cached_tokens.map(clamp_i32),
+        cache_write_tokens: summary.cache_write_tokens.map(clamp_i32),
+        ..row
+    }
+}
+
 /// The request log's `failed_attempts`: `None` when nothing failed.
 fn failed_attempts_json(failed: &[crate::routing::dispatch::FailedAttempt]) -> Option<String> {
     (!failed.is_empty())

@@ -41,6 +41,15 @@ pub struct ApiLogRow {
     pub failed_attempts: Option<String>,
     /// The request's id (`x-request-id`), as returned to the client and sent upstream.
     pub request_id: Option<String>,
+    /// What the attempts cost at their upstreams' `pricing`, in USD; `None` when none has one.
+    pub cost_usd: Option<f64>,
+    /// Prompt-cache reads and writes of the attempt that answered (inside `prompt_tokens`).
+    pub cached_tokens: Option<i32>,
+    pub cache_write_tokens: Option<i32>,
+    /// Every attempt, as a JSON array (`routing::dispatch::AttemptRecord`).
+    pub attempt_log: Option<String>,
+    /// The routing decision, as a JSON object (`routing::select::Decision`).
+    pub decision: Option<String>,
 }
 
 /// The sending side, cheap to clone into request handlers.
@@ -233,7 +242,12 @@ macro_rules! insert_rows {
                     .push_bind(r.completion_tokens)
                     .push_bind(&r.error)
                     .push_bind(&r.failed_attempts)
-                    .push_bind(&r.request_id);
+                    .push_bind(&r.request_id)
+                    .push_bind(r.cost_usd)
+                    .push_bind(r.cached_tokens)
+                    .push_bind(r.cache_write_tokens)
+                    .push_bind(&r.attempt_log)
+                    .push_bind(&r.decision);
             });
             qb.build().execute(&mut *tx).await?;
         }
@@ -241,7 +255,7 @@ macro_rules! insert_rows {
     }};
 }
 
-const COLUMNS: &str = "INSERT INTO api_logs (created_at_ms, route, consumer, model, endpoint_id, attempts, fell_back, status, ttft_ms, latency_ms, prompt_tokens, completion_tokens, error, failed_attempts, request_id) ";
+const COLUMNS: &str = "INSERT INTO api_logs (created_at_ms, route, consumer, model, endpoint_id, attempts, fell_back, status, ttft_ms, latency_ms, prompt_tokens, completion_tokens, error, failed_attempts, request_id, cost_usd, cached_tokens, cache_write_tokens, attempt_log, decision) ";
 
 /// Writes `rows` in one transaction.
 async fn write(store: &Store, rows: &[ApiLogRow]) -> Result<(), sqlx::Error> {

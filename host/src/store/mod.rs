@@ -1,6 +1,7 @@
 //! Storage: one SQLite file by default, PostgreSQL for fleets. Migrations are applied at start.
 //!
-//! - [`api_log`]: the request log, written in batches off the request path.
+//! - [`api_log`]: the request log, written in batches off the request path; [`api_log_query`]
+//!   reads it back a page at a time (`GET /admin/logs`).
 //! - [`ConfigStore`]: the configuration entities ([`crate::entity`]), one trait with a SQLite and a
 //!   PostgreSQL implementation, and a change feed ([`ConfigStore::watch`]). Its parts are one file
 //!   per entity group: `inbound_routes.rs` (routes, plugin configs), `consumers.rs` (consumers and
@@ -13,6 +14,7 @@
 //! - [`health`]: how the background work above stands, for `/health/deep`.
 
 pub mod api_log;
+pub mod api_log_query;
 mod config_store;
 mod consumers;
 mod feed;

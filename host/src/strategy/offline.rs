@@ -309,8 +309,8 @@ fn wit_routes(file: &Path, entries: &[Value]) -> Result<Vec<Route>, OfflineError
             pricing: r.pricing.map(|p| Pricing {
                 prompt: p.prompt,
                 completion: p.completion,
-                input_cache_reads: p.input_cache_reads,
-                input_cache_writes: p.input_cache_writes,
+                input_cache_reads: p.input_cache_reads.unwrap_or(0.0),
+                input_cache_writes: p.input_cache_writes.unwrap_or(0.0),
             }),
             metadata_json,
         });

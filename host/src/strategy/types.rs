@@ -168,8 +168,8 @@ pub fn upstream_table(routes: &[ModelUpstream]) -> Vec<UpstreamInfo> {
             pricing: r.pricing.map(|p| Pricing {
                 prompt: p.prompt,
                 completion: p.completion,
-                input_cache_reads: p.input_cache_reads,
-                input_cache_writes: p.input_cache_writes,
+                input_cache_reads: p.input_cache_reads.unwrap_or(0.0),
+                input_cache_writes: p.input_cache_writes.unwrap_or(0.0),
             }),
             metadata_json: serde_json::Value::Object(r.metadata.clone()).to_string(),
         })

@@ -77,6 +77,9 @@ pub mod names {
     pub const CONNECTIONS_REFUSED: &str = "switchyard_connections_refused_total";
     /// Counter: request-log rows by `outcome` written, dropped (queue full), failed (database).
     pub const REQUEST_LOG_ROWS: &str = "switchyard_request_log_rows_total";
+    /// Counter, USD: what attempts cost at their upstream's `pricing`. Only ever grows, but is
+    /// exported as a gauge: the recorder's counters count whole numbers.
+    pub const COST_USD: &str = "switchyard_cost_usd_total";
     /// Gauge: database configuration versions the served snapshot is behind.
     pub const CONFIG_SYNC_VERSIONS_BEHIND: &str = "switchyard_config_sync_versions_behind";
     /// Gauge, seconds: since the served configuration snapshot was last loaded.
@@ -112,6 +115,7 @@ pub mod names {
         STRATEGY_RESETS,
         CONNECTIONS_REFUSED,
         REQUEST_LOG_ROWS,
+        COST_USD,
         CONFIG_SYNC_VERSIONS_BEHIND,
         CONFIG_SYNC_AGE,
         CONFIG_SYNC_FAILURES,
@@ -258,6 +262,10 @@ fn describe() {
         "Client connections refused at the connection cap"
     );
     describe_counter!(REQUEST_LOG_ROWS, "Request-log rows, by outcome");
+    describe_gauge!(
+        COST_USD,
+        "USD spent on upstream attempts at their pricing (a counter: it only grows)"
+    );
     describe_gauge!(
         CONFIG_SYNC_VERSIONS_BEHIND,
         "Database configuration versions the served snapshot is behind"
@@ -429,6 +437,11 @@ pub fn attempt_done(a: &AttemptDone<'_>) {
             .record(f64::from(tokens));
         }
     }
+}
+
+/// An attempt that cost `usd` at its upstream's pricing.
+pub fn cost_usd(model: &str, endpoint: &str, usd: f64) {
+    gauge!(COST_USD, "model" => model.to_owned(), "endpoint" => endpoint.to_owned()).increment(usd);
 }
 
 /// An upstream rejected a pool key with `status`.

@@ -15,7 +15,7 @@ use super::super::select::{Exclusion, Plan};
 use super::super::table::ModelEntry;
 use super::hedge::{self, Hedge};
 use super::ledger::{AttemptLedger, RequestLedger};
-use super::{Answer, Attribution, DispatchError, FailedAttempt};
+use super::{Answer, AttemptLog, Attribution, DispatchError, FailedAttempt};
 
 /// What one kind of request sends in one attempt.
 pub(super) trait Call {
@@ -59,7 +59,7 @@ impl Call for EmbeddingsCall<'_> {
 }
 
 /// Tries the plan's upstreams in order for a chat request in any dialect, hedging when the
-/// strategy asked for it.
+/// strategy asked for it. Every attempt is written to `log`.
 pub async fn chat(
     client: &UpstreamClient,
     ctx: &RoutingContext,
@@ -67,6 +67,7 @@ pub async fn chat(
     model: &Arc<ModelEntry>,
     inbound: &Inbound,
     plan: Plan,
+    log: &AttemptLog,
 ) -> Result<Answer, DispatchError> {
     let dispatch = Dispatch {
         client,
@@ -78,6 +79,7 @@ pub async fn chat(
             plan: &plan,
             prompt_tokens: inbound.prompt_tokens,
             chat: true,
+            log,
         },
     };
     let hedge = hedge::planned(&plan, model.upstreams());
@@ -98,13 +100,14 @@ pub async fn chat(
 }
 
 /// Tries the plan's upstreams for an embeddings request (OpenAI-compatible upstreams, no
-/// streaming, no translation, no hedging).
+/// streaming, no translation, no hedging). Every attempt is written to `log`.
 pub async fn embeddings(
     client: &UpstreamClient,
     ctx: &RoutingContext,
     model: &Arc<ModelEntry>,
     body: &serde_json::Map<String, serde_json::Value>,
     plan: Plan,
+    log: &AttemptLog,
 ) -> Result<(bytes::Bytes, Attribution), DispatchError> {
     let public_model = body
         .get("model")
@@ -120,6 +123,7 @@ pub async fn embeddings(
             plan: &plan,
             prompt_tokens: 0,
             chat: false,
+            log,
         },
     };
     dispatch.run(None).await
@@ -143,14 +147,16 @@ pub(super) struct Step<T> {
 }
 
 impl<C: Call> Dispatch<'_, C> {
-    /// Sends one attempt to the upstream at `position`, booked by a ledger of its own.
+    /// Sends one attempt to the upstream at `position`, booked by a ledger of its own; `hedge`:
+    /// it is a latency hedge's backup.
     pub(super) async fn attempt(
         &self,
         position: usize,
         ticket: Ticket,
+        hedge: bool,
     ) -> Result<C::Answer, AttemptError> {
         let upstream = &self.ledger.model.upstreams()[position];
-        let ledger = self.ledger.open(position, upstream, ticket);
+        let ledger = self.ledger.open(position, upstream, ticket, hedge);
         let credential = self.ledger.plan.credential.as_deref();
         let attempt = Attempt::new(self.client, upstream, credential);
         self.call.send(attempt, ledger).await
@@ -209,7 +215,7 @@ impl<C: Call> Dispatch<'_, C> {
                 Some(h) => self.hedged(position, ticket, h, &mut excluded).await,
                 None => Step {
                     position,
-                    result: self.attempt(position, ticket).await,
+                    result: self.attempt(position, ticket, false).await,
                     failures: Vec::new(),
                     hedged: None,
                 },
@@ -220,7 +226,7 @@ impl<C: Call> Dispatch<'_, C> {
             let upstream = &routes[step.position];
             match step.result {
                 Ok(answer) => {
-                    self.ledger.served(upstream);
+                    self.ledger.served(step.position, upstream);
                     return Ok((answer, Attribution::new(upstream, failed, upstream_time)));
                 }
                 Err(e) => failed.push(FailedAttempt::new(upstream, &e)),

@@ -20,6 +20,7 @@ use super::super::key_pools::is_key_rejection;
 use super::super::prefill::PrefillLease;
 use super::super::select::Plan;
 use super::super::table::ModelEntry;
+use super::attempt_log::{self, AttemptLog};
 
 /// The books of one request: opens an [`AttemptLedger`] per attempt and books what the attempt
 /// loop itself decides (a served caller's key binding, a cancelled hedge).
@@ -33,13 +34,21 @@ pub(super) struct RequestLedger<'a> {
     /// Chat attempts hold prefill leases, move session affinity and are observed by the strategy;
     /// embeddings only touch health, keys and the quota counter.
     pub chat: bool,
+    /// Where each attempt's outcome is written for the request log.
+    pub log: &'a AttemptLog,
 }
 
 impl RequestLedger<'_> {
     /// Opens the books of an attempt at the upstream at `position` of the model's list, admitted
     /// with `ticket`: counts it in flight and against the local quota and, for chat, takes its
-    /// prefill lease.
-    pub fn open(&self, position: usize, upstream: &ModelUpstream, ticket: Ticket) -> AttemptLedger {
+    /// prefill lease. `hedge`: the backup of a latency hedge.
+    pub fn open(
+        &self,
+        position: usize,
+        upstream: &ModelUpstream,
+        ticket: Ticket,
+        hedge: bool,
+    ) -> AttemptLedger {
         let ctx = self.ctx;
         let in_flight = ctx.inflight.enter(&upstream.endpoint_id);
         ctx.attempts.on_attempt(&upstream.endpoint_id); // RouteWise's local quota counter
@@ -65,6 +74,8 @@ impl RequestLedger<'_> {
             lease,
             prompt_tokens: self.prompt_tokens,
             strategy_metadata: self.chat.then(|| self.plan.strategy_metadata.clone()),
+            log_slot: Some(self.log.open(position, upstream, hedge)),
+            log: self.log.clone(),
             _in_flight: in_flight,
         }
     }
@@ -72,7 +83,8 @@ impl RequestLedger<'_> {
     /// Key affinity: a caller served by a pool key keeps that key, unless it already has a live
     /// binding in the pool (a binding to a key that is merely quieted survives; the pool walks
     /// around it until it is back).
-    pub fn served(&self, upstream: &ModelUpstream) {
+    pub fn served(&self, position: usize, upstream: &ModelUpstream) {
+        self.log.served(position);
         let (Some(caller), Some(key)) = (self.caller, upstream.key.as_ref()) else {
             return;
         };
@@ -120,6 +132,9 @@ pub(super) struct AttemptLedger {
     prompt_tokens: u32,
     /// `Some` when the strategy observes this attempt (chat).
     strategy_metadata: Option<String>,
+    /// The attempt's entry in the request's attempt log; `None` once it ended.
+    log_slot: Option<usize>,
+    log: AttemptLog,
     /// Counts the attempt in flight until it is dropped: with the relay, for a stream.
     _in_flight: InFlightGuard,
 }
@@ -161,6 +176,9 @@ impl AttemptLedger {
 
 impl AttemptSink for AttemptLedger {
     fn first_token(&mut self) {
+        if let Some(slot) = self.log_slot {
+            self.log.first_token(slot);
+        }
         if std::mem::take(&mut self.health_pending) {
             let upstream = &self.model.upstreams()[self.position];
             self.ctx
@@ -176,6 +194,7 @@ impl AttemptSink for AttemptLedger {
     fn end(&mut self, end: AttemptEnd<'_>) {
         let health_pending = std::mem::take(&mut self.health_pending);
         let strategy_metadata = self.strategy_metadata.take();
+        let log_slot = self.log_slot.take();
         let ctx = &self.ctx;
         let upstream = self.upstream();
         let endpoint_id = upstream.endpoint_id.as_str();
@@ -195,6 +214,15 @@ impl AttemptSink for AttemptLedger {
             output_tokens: end.usage.output_tokens,
             cached_input_tokens: end.usage.cached_input_tokens,
         });
+        let cost_usd = upstream
+            .pricing
+            .map(|pricing| attempt_log::cost_usd(&pricing, &end.usage));
+        if let Some(usd) = cost_usd.filter(|usd| *usd > 0.0) {
+            telemetry::cost_usd(self.model.id(), endpoint_id, usd);
+        }
+        if let Some(slot) = log_slot {
+            self.log.end(slot, &end, cost_usd);
+        }
         // A pass-through caller's own key rejected: nothing about the endpoint for the strategy
         // to learn either.
         let caller_key_rejected = !self.uses_pool_key && is_key_rejection(end.status);
@@ -266,6 +294,9 @@ impl Drop for AttemptLedger {
     fn drop(&mut self) {
         // Abandoned (the client left, or a hedge was cancelled): a probe claim is given back.
         // The lease is released by its own Drop.
+        if let Some(slot) = self.log_slot {
+            self.log.cancelled(slot);
+        }
         if self.health_pending {
             let upstream = &self.model.upstreams()[self.position];
             self.ctx.health.release(&upstream.endpoint_id, self.ticket);

@@ -3,14 +3,17 @@
 //! - [`attempts`]: the one attempt loop for chat and embeddings — admission (the breaker is
 //!   consulted again at every step) and `max_attempts`.
 //! - [`hedge`]: racing a backup when the strategy asked for a hedge.
-//! - [`ledger`]: booking each attempt's outcome (health, keys, affinity, prefill, observations).
+//! - [`ledger`]: booking each attempt's outcome (health, keys, affinity, prefill, observations,
+//!   and its entry in the request's [`attempt_log`]).
 //!
 //! One attempt itself — building, sending, relaying — is `upstream::Attempt`.
 
+pub mod attempt_log;
 mod attempts;
 mod hedge;
 mod ledger;
 
+pub use attempt_log::{AttemptLog, AttemptRecord};
 pub use attempts::{chat, embeddings};
 
 use bytes::Bytes;
