@@ -13,13 +13,19 @@
 //! (breakers, backlog, affinity, quiet keys, quota) are set by the scrape handler just before it
 //! renders, from the structures themselves, so the request path pays nothing for them.
 //!
+//! The request path records through handles it looks up once per label set ([`HotPath`]): a
+//! `histogram!(name, labels)` call builds a `Key` from owned label strings, which the exporter
+//! clones, hashes and finds in its registry, on every call; a cached handle only records.
+//!
 //! Until [`install`] runs (unit tests, `switchyard check`), every recording function is a no-op.
 
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use metrics::{counter, gauge, histogram};
+use hashbrown::hash_map::RawEntryMut;
+use metrics::{Counter, Histogram, Label, counter, gauge, histogram};
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
+use parking_lot::RwLock;
 
 /// Every metric name, in one place (the README's "Observing Switchyard" lists them).
 pub mod names {
@@ -148,6 +154,9 @@ const ATTEMPT_BUCKETS: &[f64] = &[1.0, 2.0, 3.0, 4.0, 5.0, 10.0];
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
+/// The request path's handles, bound to the recorder [`install`] set.
+static HOT: OnceLock<HotPath> = OnceLock::new();
+
 /// How often histogram samples are folded into their buckets when nobody scrapes: bounds the
 /// memory they hold between scrapes.
 const UPKEEP_EVERY: Duration = Duration::from_secs(5);
@@ -170,6 +179,7 @@ pub fn install() -> Result<(), BuildError> {
     let handle = builder.install_recorder()?;
     describe();
     let _ = HANDLE.set(handle);
+    let _ = HOT.set(HotPath::default());
     Ok(())
 }
 
@@ -329,41 +339,17 @@ pub struct RequestDone<'a> {
 
 /// Books a finished request: its duration, TTFT, time per output token, attempts and fallback.
 pub fn request_done(r: &RequestDone<'_>) {
-    let labels = [
-        ("model", r.model.to_owned()),
-        ("operation", r.operation.as_str().to_owned()),
-        ("inbound_protocol", r.inbound_protocol.to_owned()),
-        ("upstream_protocol", r.upstream_protocol.to_owned()),
-        ("endpoint", r.endpoint.to_owned()),
-        ("status_class", status_class(r.status).to_owned()),
-    ];
-    histogram!(SERVER_REQUEST_DURATION, &labels).record(r.duration.as_secs_f64());
-    let served = (200..300).contains(&r.status);
-    if let (true, Some(ttft)) = (served, r.time_to_first_token) {
-        // The status class says nothing new for served requests.
-        let labels = &labels[..5];
-        histogram!(SERVER_TIME_TO_FIRST_TOKEN, labels).record(ttft.as_secs_f64());
-        if r.output_tokens > 1 && r.duration > ttft {
-            let per_token = (r.duration - ttft).as_secs_f64() / f64::from(r.output_tokens - 1);
-            histogram!(SERVER_TIME_PER_OUTPUT_TOKEN, labels).record(per_token);
-        }
-    }
-    let model = [("model", r.model.to_owned())];
-    histogram!(REQUEST_ATTEMPTS, &model).record(r.attempts as f64);
-    if served && r.attempts > 1 {
-        counter!(FALLBACKS, &model).increment(1);
+    if let Some(hot) = HOT.get() {
+        hot.request_done(r);
     }
 }
 
 /// Time the request spent in the gateway itself (parsing, auth, selection, translation and the
 /// relay's own work), not waiting on an upstream.
 pub fn gateway_overhead(model: &str, inbound_protocol: &'static str, overhead: Duration) {
-    histogram!(
-        GATEWAY_OVERHEAD,
-        "model" => model.to_owned(),
-        "inbound_protocol" => inbound_protocol,
-    )
-    .record(overhead.as_secs_f64());
+    if let Some(hot) = HOT.get() {
+        hot.gateway_overhead(model, inbound_protocol, overhead);
+    }
 }
 
 /// An error answer, by its closed-vocabulary type (`caller_*`, `gateway_*`, `upstream_*`).
@@ -403,39 +389,8 @@ pub struct AttemptDone<'a> {
 
 /// Books an attempt: its duration by outcome and the tokens the upstream reported.
 pub fn attempt_done(a: &AttemptDone<'_>) {
-    let status = if a.status == 0 {
-        "none"
-    } else {
-        status_class(a.status)
-    };
-    histogram!(
-        CLIENT_OPERATION_DURATION,
-        "model" => a.model.to_owned(),
-        "endpoint" => a.endpoint.to_owned(),
-        "upstream_protocol" => a.upstream_protocol,
-        "operation" => a.operation.as_str(),
-        "status_class" => status,
-        "error_type" => a.error_type.unwrap_or("none"),
-    )
-    .record(a.duration.as_secs_f64());
-    if a.error_type.is_some() {
-        return;
-    }
-    for (kind, tokens) in [
-        ("input", a.input_tokens),
-        ("output", a.output_tokens),
-        ("cached", a.cached_input_tokens),
-    ] {
-        if tokens > 0 || kind != "cached" {
-            histogram!(
-                CLIENT_TOKEN_USAGE,
-                "model" => a.model.to_owned(),
-                "endpoint" => a.endpoint.to_owned(),
-                "operation" => a.operation.as_str(),
-                "type" => kind,
-            )
-            .record(f64::from(tokens));
-        }
+    if let Some(hot) = HOT.get() {
+        hot.attempt_done(a);
     }
 }
 
@@ -466,12 +421,9 @@ pub fn hedge_won(model: &str) {
 
 /// A strategy's `select` took `duration`.
 pub fn strategy_select(model: &str, strategy: &str, duration: Duration) {
-    histogram!(
-        STRATEGY_SELECT_DURATION,
-        "model" => model.to_owned(),
-        "strategy" => strategy.to_owned(),
-    )
-    .record(duration.as_secs_f64());
+    if let Some(hot) = HOT.get() {
+        hot.strategy_select(model, strategy, duration);
+    }
 }
 
 /// A strategy call failed; `kind` is one of trap, timeout, memory, rejected, invalid_decision,
@@ -505,6 +457,251 @@ pub fn strategy_reset(model: &str, strategy: &str) {
         "strategy" => strategy.to_owned(),
     )
     .increment(1);
+}
+
+/// Label names of the request metrics, in the order their series show them.
+const REQUEST_LABELS: [&str; 6] = [
+    "model",
+    "operation",
+    "inbound_protocol",
+    "upstream_protocol",
+    "endpoint",
+    "status_class",
+];
+/// Label names of an attempt's duration.
+const ATTEMPT_LABELS: [&str; 6] = [
+    "model",
+    "endpoint",
+    "upstream_protocol",
+    "operation",
+    "status_class",
+    "error_type",
+];
+
+/// `names[i] = values[i]` as the facade's labels (owned: this runs once per label set).
+fn labelled(names: &[&'static str], values: &[&str]) -> Vec<Label> {
+    names
+        .iter()
+        .zip(values)
+        .map(|(name, value)| Label::new(*name, (*value).to_owned()))
+        .collect()
+}
+
+/// The handles of the metrics recorded once per request, per attempt or per `select`, each
+/// registered with the recorder the first time its label set is seen. A series that a label set
+/// never records (TTFT of a failed request, a fallback) is registered only when first recorded,
+/// so `/metrics` shows the same series as when every call went through the facade.
+#[derive(Default)]
+struct HotPath {
+    requests: Series<RequestSeries>,
+    overhead: Series<Histogram>,
+    attempts: Series<AttemptSeries>,
+    selects: Series<Histogram>,
+}
+
+/// One request label set (`REQUEST_LABELS`).
+struct RequestSeries {
+    duration: Histogram,
+    time_to_first_token: OnceLock<Histogram>,
+    time_per_output_token: OnceLock<Histogram>,
+    /// By model only.
+    attempts: Histogram,
+    fallbacks: OnceLock<Counter>,
+}
+
+/// One attempt label set (`ATTEMPT_LABELS`); the token histograms are by model, endpoint,
+/// operation and type.
+struct AttemptSeries {
+    duration: Histogram,
+    input_tokens: OnceLock<Histogram>,
+    output_tokens: OnceLock<Histogram>,
+    cached_tokens: OnceLock<Histogram>,
+}
+
+impl HotPath {
+    fn request_done(&self, r: &RequestDone<'_>) {
+        let values = [
+            r.model,
+            r.operation.as_str(),
+            r.inbound_protocol,
+            r.upstream_protocol,
+            r.endpoint,
+            status_class(r.status),
+        ];
+        let register = |v: &[&str]| RequestSeries {
+            duration: histogram!(SERVER_REQUEST_DURATION, labelled(&REQUEST_LABELS, v)),
+            time_to_first_token: OnceLock::new(),
+            time_per_output_token: OnceLock::new(),
+            attempts: histogram!(REQUEST_ATTEMPTS, labelled(&REQUEST_LABELS[..1], &v[..1])),
+            fallbacks: OnceLock::new(),
+        };
+        // The status class says nothing new for served requests.
+        let served_labels = || labelled(&REQUEST_LABELS[..5], &values[..5]);
+        self.requests.with(&values, register, |s| {
+            s.duration.record(r.duration.as_secs_f64());
+            let served = (200..300).contains(&r.status);
+            if let (true, Some(ttft)) = (served, r.time_to_first_token) {
+                s.time_to_first_token
+                    .get_or_init(|| histogram!(SERVER_TIME_TO_FIRST_TOKEN, served_labels()))
+                    .record(ttft.as_secs_f64());
+                if r.output_tokens > 1 && r.duration > ttft {
+                    let per_token =
+                        (r.duration - ttft).as_secs_f64() / f64::from(r.output_tokens - 1);
+                    s.time_per_output_token
+                        .get_or_init(|| histogram!(SERVER_TIME_PER_OUTPUT_TOKEN, served_labels()))
+                        .record(per_token);
+                }
+            }
+            s.attempts.record(r.attempts as f64);
+            if served && r.attempts > 1 {
+                s.fallbacks
+                    .get_or_init(|| counter!(FALLBACKS, labelled(&["model"], &[r.model])))
+                    .increment(1);
+            }
+        });
+    }
+
+    fn gateway_overhead(&self, model: &str, inbound_protocol: &'static str, overhead: Duration) {
+        let register = |v: &[&str]| {
+            histogram!(
+                GATEWAY_OVERHEAD,
+                labelled(&["model", "inbound_protocol"], v)
+            )
+        };
+        self.overhead
+            .with(&[model, inbound_protocol], register, |h| {
+                h.record(overhead.as_secs_f64())
+            });
+    }
+
+    fn attempt_done(&self, a: &AttemptDone<'_>) {
+        let values = [
+            a.model,
+            a.endpoint,
+            a.upstream_protocol,
+            a.operation.as_str(),
+            if a.status == 0 {
+                "none"
+            } else {
+                status_class(a.status)
+            },
+            a.error_type.unwrap_or("none"),
+        ];
+        let register = |v: &[&str]| AttemptSeries {
+            duration: histogram!(CLIENT_OPERATION_DURATION, labelled(&ATTEMPT_LABELS, v)),
+            input_tokens: OnceLock::new(),
+            output_tokens: OnceLock::new(),
+            cached_tokens: OnceLock::new(),
+        };
+        let tokens = |kind: &'static str| {
+            let mut labels = labelled(&["model", "endpoint"], &values[..2]);
+            labels.push(Label::new("operation", a.operation.as_str()));
+            labels.push(Label::new("type", kind));
+            histogram!(CLIENT_TOKEN_USAGE, labels)
+        };
+        self.attempts.with(&values, register, |s| {
+            s.duration.record(a.duration.as_secs_f64());
+            if a.error_type.is_some() {
+                return;
+            }
+            s.input_tokens
+                .get_or_init(|| tokens("input"))
+                .record(f64::from(a.input_tokens));
+            s.output_tokens
+                .get_or_init(|| tokens("output"))
+                .record(f64::from(a.output_tokens));
+            if a.cached_input_tokens > 0 {
+                s.cached_tokens
+                    .get_or_init(|| tokens("cached"))
+                    .record(f64::from(a.cached_input_tokens));
+            }
+        });
+    }
+
+    fn strategy_select(&self, model: &str, strategy: &str, duration: Duration) {
+        let register = |v: &[&str]| {
+            histogram!(
+                STRATEGY_SELECT_DURATION,
+                labelled(&["model", "strategy"], v)
+            )
+        };
+        self.selects.with(&[model, strategy], register, |h| {
+            h.record(duration.as_secs_f64())
+        });
+    }
+}
+
+/// Label sets one [`Series`] keeps at most. Its series are bounded by the configuration (model
+/// and endpoint ids, closed vocabularies); the cap bounds the cache even when configuration
+/// reloads churn through ids. Past it, a new label set registers its handles on every call: still
+/// recorded, at the facade's cost.
+const MAX_LABEL_SETS: usize = 4096;
+
+/// Handles by label values. A hit hashes and compares the borrowed values and allocates nothing.
+struct Series<V> {
+    by_values: RwLock<hashbrown::HashMap<LabelValues, V>>,
+    max_label_sets: usize,
+}
+
+impl<V> Default for Series<V> {
+    fn default() -> Self {
+        Series {
+            by_values: RwLock::default(),
+            max_label_sets: MAX_LABEL_SETS,
+        }
+    }
+}
+
+/// Owned label values, the key of a [`Series`]; hashes as the borrowed `[&str]` does.
+#[derive(PartialEq, Eq, Hash)]
+struct LabelValues(Box<[Box<str>]>);
+
+/// Borrowed label values, to look up [`LabelValues`] without building one.
+#[derive(Hash)]
+struct Lookup<'a>(&'a [&'a str]);
+
+impl hashbrown::Equivalent<LabelValues> for Lookup<'_> {
+    fn equivalent(&self, key: &LabelValues) -> bool {
+        self.0.len() == key.0.len() && self.0.iter().zip(&key.0).all(|(a, b)| *a == &**b)
+    }
+}
+
+impl From<&Lookup<'_>> for LabelValues {
+    fn from(lookup: &Lookup<'_>) -> Self {
+        LabelValues(lookup.0.iter().map(|v| Box::from(*v)).collect())
+    }
+}
+
+impl<V> Series<V> {
+    /// Runs `record` on the handles of `values`, registering them with `register` the first time.
+    fn with<R>(
+        &self,
+        values: &[&str],
+        register: impl FnOnce(&[&str]) -> V,
+        record: impl FnOnce(&V) -> R,
+    ) -> R {
+        let lookup = Lookup(values);
+        if let Some(handles) = self.by_values.read().get(&lookup) {
+            return record(handles);
+        }
+        let mut by_values = self.by_values.write();
+        if by_values.len() >= self.max_label_sets && !by_values.contains_key(&lookup) {
+            drop(by_values);
+            return record(&register(values));
+        }
+        let handles = match by_values.raw_entry_mut().from_key(&lookup) {
+            RawEntryMut::Occupied(entry) => entry.into_mut(),
+            RawEntryMut::Vacant(entry) => {
+                entry.insert(LabelValues::from(&lookup), register(values)).1
+            }
+        };
+        record(handles)
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.by_values.read().len()
+    }
 }
 
 /// Scrape-time gauges and counters mirrored from live state.
@@ -621,8 +818,9 @@ mod tests {
             .expect("buckets")
             .build_recorder();
         let handle = recorder.handle();
+        let hot = HotPath::default();
         metrics::with_local_recorder(&recorder, || {
-            request_done(&RequestDone {
+            hot.request_done(&RequestDone {
                 model: "m",
                 operation: Operation::Chat,
                 inbound_protocol: "openai",
@@ -656,5 +854,136 @@ mod tests {
             text.contains("gen_ai_server_time_per_output_token_seconds{model=\"m\",operation=\"chat\",inbound_protocol=\"openai\",upstream_protocol=\"anthropic\",endpoint=\"e1\",quantile=\"0.5\"} 0.05"),
             "{text}"
         );
+    }
+
+    fn request(endpoint: &str, status: u16) -> RequestDone<'_> {
+        RequestDone {
+            model: "m",
+            operation: Operation::Chat,
+            inbound_protocol: "openai",
+            upstream_protocol: "openai",
+            endpoint,
+            status,
+            duration: Duration::from_millis(300),
+            time_to_first_token: (status == 200).then(|| Duration::from_millis(100)),
+            output_tokens: 5,
+            attempts: 1,
+        }
+    }
+
+    /// The series of `name` in `text` (its `_count` lines for a summary or histogram).
+    fn series<'t>(text: &'t str, name: &str) -> Vec<&'t str> {
+        let count = format!("{name}_count{{");
+        text.lines().filter(|l| l.starts_with(&count)).collect()
+    }
+
+    #[test]
+    fn cached_handles_record_each_label_set_into_its_own_series() {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        let hot = HotPath::default();
+        metrics::with_local_recorder(&recorder, || {
+            hot.request_done(&request("e1", 200));
+            hot.request_done(&request("e1", 200));
+            hot.request_done(&request("e2", 200));
+            hot.request_done(&request("none", 503));
+        });
+        // Three label sets, each registered once.
+        assert_eq!(hot.requests.len(), 3);
+        let text = handle.render();
+        let durations = series(&text, SERVER_REQUEST_DURATION);
+        assert_eq!(durations.len(), 3, "{text}");
+        assert!(
+            durations.contains(&"gen_ai_server_request_duration_seconds_count{model=\"m\",operation=\"chat\",inbound_protocol=\"openai\",upstream_protocol=\"openai\",endpoint=\"e1\",status_class=\"2xx\"} 2"),
+            "{text}"
+        );
+        // The failed request has no TTFT series and nobody fell back: those are registered only
+        // when first recorded, as the facade did.
+        let ttft = series(&text, SERVER_TIME_TO_FIRST_TOKEN);
+        assert_eq!(ttft.len(), 2, "{text}");
+        assert!(
+            ttft.iter().all(|l| !l.contains("endpoint=\"none\"")),
+            "{text}"
+        );
+        assert!(!text.contains(FALLBACKS), "{text}");
+        // Attempts are by model only: one series for all four requests.
+        assert_eq!(
+            series(&text, REQUEST_ATTEMPTS),
+            ["switchyard_request_attempts_count{model=\"m\"} 4"],
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn past_the_cap_a_label_set_is_still_recorded_but_not_kept() {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        let hot = HotPath {
+            overhead: Series {
+                max_label_sets: 1,
+                ..Series::default()
+            },
+            ..HotPath::default()
+        };
+        metrics::with_local_recorder(&recorder, || {
+            for model in ["a", "b", "b", "a"] {
+                hot.gateway_overhead(model, "openai", Duration::from_micros(50));
+            }
+        });
+        assert_eq!(hot.overhead.len(), 1);
+        let text = handle.render();
+        let overhead = series(&text, GATEWAY_OVERHEAD);
+        assert!(
+            overhead.contains(&"switchyard_gateway_overhead_seconds_count{model=\"a\",inbound_protocol=\"openai\"} 2"),
+            "{text}"
+        );
+        assert!(
+            overhead.contains(&"switchyard_gateway_overhead_seconds_count{model=\"b\",inbound_protocol=\"openai\"} 2"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn an_attempt_records_its_duration_and_the_tokens_reported() {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        let hot = HotPath::default();
+        let attempt = |error_type, cached_input_tokens| AttemptDone {
+            model: "m",
+            endpoint: "e1",
+            upstream_protocol: "anthropic",
+            operation: Operation::Chat,
+            error_type,
+            status: if error_type.is_some() { 0 } else { 200 },
+            duration: Duration::from_millis(20),
+            input_tokens: 12,
+            output_tokens: 0,
+            cached_input_tokens,
+        };
+        metrics::with_local_recorder(&recorder, || {
+            hot.attempt_done(&attempt(None, 0));
+            hot.attempt_done(&attempt(None, 4));
+            hot.attempt_done(&attempt(Some("transport"), 0));
+        });
+        let text = handle.render();
+        let durations = series(&text, CLIENT_OPERATION_DURATION);
+        assert!(
+            durations.contains(&"gen_ai_client_operation_duration_seconds_count{model=\"m\",endpoint=\"e1\",upstream_protocol=\"anthropic\",operation=\"chat\",status_class=\"2xx\",error_type=\"none\"} 2"),
+            "{text}"
+        );
+        assert!(
+            durations.contains(&"gen_ai_client_operation_duration_seconds_count{model=\"m\",endpoint=\"e1\",upstream_protocol=\"anthropic\",operation=\"chat\",status_class=\"none\",error_type=\"transport\"} 1"),
+            "{text}"
+        );
+        // Input and output (even 0) for each served attempt, cached only when reported; nothing
+        // for the failed one.
+        let usage = series(&text, CLIENT_TOKEN_USAGE);
+        for (kind, count) in [("input", 2), ("output", 2), ("cached", 1)] {
+            let line = format!(
+                "gen_ai_client_token_usage_count{{model=\"m\",endpoint=\"e1\",operation=\"chat\",type=\"{kind}\"}} {count}"
+            );
+            assert!(usage.contains(&line.as_str()), "{line} in {text}");
+        }
+        assert_eq!(usage.len(), 3, "{text}");
     }
 }
