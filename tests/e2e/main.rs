@@ -23,6 +23,7 @@ mod plugins;
 mod prometheus;
 mod proxy;
 mod quota;
+mod rate_limit;
 mod request_bounds;
 mod routes;
 mod routewise;

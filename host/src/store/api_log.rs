@@ -41,6 +41,9 @@ pub struct ApiLogRow {
     pub failed_attempts: Option<String>,
     /// The request's id (`x-request-id`), as returned to the client and sent upstream.
     pub request_id: Option<String>,
+    /// The `rate-limit` plugin's limit that refused the request (`consumer:rpm`); `None` when
+    /// none did.
+    pub rate_limited_by: Option<String>,
 }
 
 /// The sending side, cheap to clone into request handlers.
@@ -233,7 +236,8 @@ macro_rules! insert_rows {
                     .push_bind(r.completion_tokens)
                     .push_bind(&r.error)
                     .push_bind(&r.failed_attempts)
-                    .push_bind(&r.request_id);
+                    .push_bind(&r.request_id)
+                    .push_bind(&r.rate_limited_by);
             });
             qb.build().execute(&mut *tx).await?;
         }
@@ -241,7 +245,7 @@ macro_rules! insert_rows {
     }};
 }
 
-const COLUMNS: &str = "INSERT INTO api_logs (created_at_ms, route, consumer, model, endpoint_id, attempts, fell_back, status, ttft_ms, latency_ms, prompt_tokens, completion_tokens, error, failed_attempts, request_id) ";
+const COLUMNS: &str = "INSERT INTO api_logs (created_at_ms, route, consumer, model, endpoint_id, attempts, fell_back, status, ttft_ms, latency_ms, prompt_tokens, completion_tokens, error, failed_attempts, request_id, rate_limited_by) ";
 
 /// Writes `rows` in one transaction.
 async fn write(store: &Store, rows: &[ApiLogRow]) -> Result<(), sqlx::Error> {
