@@ -124,6 +124,9 @@ def main():
             ("non-streaming, fixed", "/v1/chat/completions", bench.body("bench-fixed"), json_headers),
             ("non-streaming, round_robin", "/v1/chat/completions", bench.body("bench-round_robin"), json_headers),
             ("non-streaming, routewise", "/v1/chat/completions", bench.body("bench-routewise"), json_headers),
+            # `fixed` through a route whose rate-limit plugin never refuses: the check's cost.
+            ("non-streaming, fixed, rate-limited", "/limited/v1/chat/completions", bench.body("bench-fixed"),
+             json_headers),
             ("stream, fixed", "/v1/chat/completions", bench.body("bench-fixed", stream=True), json_headers),
             ("Anthropic client → OpenAI stream, fixed", "/v1/messages",
              bench.body("bench-fixed", stream=True, dialect="anthropic"), anthropic_headers),

@@ -375,7 +375,15 @@ def gateway_config(work, db="bench.db"):
         for name in STRATEGIES:
             models += (f"  - id: idle-{name}-{i}\n    router: {name}\n    route:\n      - kind: openai_compat\n"
                        f"        base_url: {upstream}\n")
-    return f"database:\n  url: sqlite://{work}/{db}\nmodels:\n{models}"
+    # `/` is open as without routes; `/limited` adds a rate-limit plugin whose limits never trigger
+    # (one caller here, far below 10^9 a minute), so its row is the cost of the check alone.
+    never = 1_000_000_000
+    routes = ("routes:\n  - name: open\n    path_prefix: /\n    disable_auth: true\n"
+              "  - name: limited\n    path_prefix: /limited\n    disable_auth: true\n"
+              "    plugins:\n      rate-limit:\n        limits:\n          - scope: consumer\n"
+              f"            requests_per_minute: {never}\n            tokens_per_minute: {never}\n"
+              f"            concurrent_requests: {never}\n")
+    return f"database:\n  url: sqlite://{work}/{db}\n{routes}models:\n{models}"
 
 
 def main():
@@ -433,7 +441,9 @@ def main():
         targets = [
             ("direct", mock_url, "sim", []),
             ("nginx", f"http://127.0.0.1:{PORTS['nginx']}", "sim", nginx_workers),
-        ] + [(f"switchyard {s}", gw_url, f"bench-{s}", [gw.pid]) for s in STRATEGIES]
+        ] + [(f"switchyard {s}", gw_url, f"bench-{s}", [gw.pid]) for s in STRATEGIES] + [
+            # The same as `switchyard fixed` through a route with a rate-limit plugin that never refuses.
+            ("switchyard fixed, rate-limited", gw_url + "/limited", "bench-fixed", [gw.pid])]
         runs = [(mode, *t) for mode in ("json", "stream") for t in targets]
         runs.insert(len(targets), ("json", "switchyard fixed, thread per core",
                                    f"http://127.0.0.1:{PORTS['switchyard_per_core']}", "bench-fixed",

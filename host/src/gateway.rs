@@ -116,6 +116,8 @@ pub struct Gateway {
     pub api_log: Option<ApiLog>,
     /// Shutdown state: `/health` and in-flight streams watch it.
     pub drain: Arc<crate::server::listener::Drain>,
+    /// The counters of the `rate-limit` plugin (per process until a shared store is plugged in).
+    pub limits: Arc<dyn crate::server::rate_limit::LimitStore>,
 }
 
 impl Gateway {
@@ -152,6 +154,7 @@ impl Gateway {
             store,
             api_log,
             drain: Arc::default(),
+            limits: Arc::new(crate::server::rate_limit::InProcessLimits::default()),
             config,
         })
     }

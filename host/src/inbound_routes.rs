@@ -9,9 +9,12 @@
 //! neither has to import the other for it.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use crate::config::{Config, DefaultAuth};
-use crate::entity::{ProtocolTransformation, Route};
+use crate::entity::{
+    ProtocolTransformation, RATE_LIMIT_PLUGIN, RateLimitConfig, Route, RoutePlugins,
+};
 use crate::store::Snapshot;
 
 /// How a route authenticates callers, resolved once from its fields in their fixed priority:
@@ -81,13 +84,33 @@ pub struct InboundRoute {
     pub groups: Vec<String>,
     pub max_attempts: usize,
     pub protocol_transformation: ProtocolTransformation,
-    /// The route's enabled plugin configs, by plugin name (from `plugin_configs`).
+    /// The route's enabled plugin configs, by plugin name (from `plugin_configs`, or the YAML
+    /// route's `plugins`).
     pub plugins: BTreeMap<String, serde_json::Value>,
+    /// The `rate-limit` plugin's config, read once here. `Err` when a stored row does not read
+    /// (one written around the admin API, which checks it): the route then refuses requests
+    /// rather than serve them unlimited.
+    pub rate_limit: Option<Result<Arc<RateLimitConfig>, String>>,
     pub source: RouteSource,
 }
 
 impl InboundRoute {
-    fn from_route(route: &Route, source: RouteSource, snapshot: &Snapshot) -> InboundRoute {
+    fn from_route(
+        route: &Route,
+        source: RouteSource,
+        plugins: BTreeMap<String, serde_json::Value>,
+    ) -> InboundRoute {
+        let rate_limit = plugins.get(RATE_LIMIT_PLUGIN).map(|config| {
+            RateLimitConfig::from_value(config)
+                .map(Arc::new)
+                .map_err(|e| {
+                    tracing::error!(
+                        route = %route.name,
+                        "the route's rate-limit config does not read ({e}); its requests are refused until it is fixed"
+                    );
+                    e.to_string()
+                })
+        });
         InboundRoute {
             id: route.id.clone(),
             name: route.name.clone(),
@@ -98,11 +121,8 @@ impl InboundRoute {
             groups: route.groups.clone(),
             max_attempts: usize::try_from(route.max_attempts).unwrap_or(1).max(1),
             protocol_transformation: route.protocol_transformation_type,
-            plugins: snapshot
-                .route_plugin_map(&route.id)
-                .into_iter()
-                .map(|(k, v)| (k.to_owned(), v.clone()))
-                .collect(),
+            plugins,
+            rate_limit,
             source,
         }
     }
@@ -147,7 +167,14 @@ impl RouteSet {
         let mut routes: Vec<InboundRoute> = config
             .routes
             .iter()
-            .map(|r| InboundRoute::from_route(r, RouteSource::Config, snapshot))
+            .map(|r| {
+                let plugins = config
+                    .route_plugins
+                    .get(&r.id)
+                    .map(RoutePlugins::to_map)
+                    .unwrap_or_default();
+                InboundRoute::from_route(r, RouteSource::Config, plugins)
+            })
             .collect();
         for r in snapshot.routes() {
             if config.routes.iter().any(|c| c.path_prefix == r.path_prefix) {
@@ -158,7 +185,12 @@ impl RouteSet {
                 );
                 continue;
             }
-            routes.push(InboundRoute::from_route(r, RouteSource::Database, snapshot));
+            let plugins = snapshot
+                .route_plugin_map(&r.id)
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v.clone()))
+                .collect();
+            routes.push(InboundRoute::from_route(r, RouteSource::Database, plugins));
         }
         if routes.is_empty() {
             routes.push(InboundRoute {
@@ -175,6 +207,7 @@ impl RouteSet {
                 max_attempts: config.server.default_max_attempts,
                 protocol_transformation: ProtocolTransformation::default(),
                 plugins: BTreeMap::new(),
+                rate_limit: None,
                 source: RouteSource::Implicit,
             });
         }

@@ -24,6 +24,7 @@ mod plugins;
 mod prometheus;
 mod proxy;
 mod quota;
+mod rate_limit;
 mod request_bounds;
 mod request_log;
 mod routes;

@@ -1,5 +1,5 @@
 //! Plugin configs name plugins the gateway runs: a row for any other name would be stored and
-//! shown by `/routing` while protecting nothing.
+//! shown by `/routing` while protecting nothing. A plugin's config is checked when it is written.
 
 use serde_json::{Value, json};
 
@@ -33,14 +33,29 @@ async fn a_plugin_config_for_a_plugin_that_does_not_run_is_refused() {
     let (status, body) = post(
         &gw,
         &format!("/admin/routes/{id}/plugins"),
-        json!({"plugin": "rate-limit", "config": {"rpm": 1}}),
+        json!({"plugin": "cache", "config": {"ttl": 1}}),
     )
     .await;
     assert_eq!(status, 422, "{body}");
     assert_eq!(body["error"]["param"], "plugin", "{body}");
     assert_eq!(
-        body["error"]["message"],
-        "plugin: unknown plugin `rate-limit`; known plugins: none (this version runs no plugins)",
+        body["error"]["message"], "plugin: unknown plugin `cache`; known plugins: rate-limit",
+        "{body}"
+    );
+    // A plugin that runs refuses a config it could not use, naming the field.
+    let (status, body) = post(
+        &gw,
+        &format!("/admin/routes/{id}/plugins"),
+        json!({"plugin": "rate-limit", "config": {"limits": [{"scope": "team", "requests_per_minute": 1}]}}),
+    )
+    .await;
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(body["error"]["param"], "config.limits[0].scope", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("unknown variant `team`"),
         "{body}"
     );
     // Nothing was stored, so `/routing` shows no plugin on the route.
@@ -68,4 +83,71 @@ async fn a_plugin_config_for_a_plugin_that_does_not_run_is_refused() {
         .await
         .unwrap();
     assert_eq!(listed, json!([]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limit_row_limits_its_route_and_a_patch_is_checked_too() {
+    let mock = crate::harness::Mock::start(&[]);
+    let gw = Gateway::start(&format!(
+        "server:\n  admin_token: {ADMIN}\nmodels:\n  - id: m\n    route:\n      - kind: openai_compat\n        base_url: {}\n",
+        mock.base_url()
+    ));
+    let (status, route) = post(
+        &gw,
+        "/admin/routes",
+        json!({"name": "open", "path_prefix": "/open", "disable_auth": true, "disabled": true}),
+    )
+    .await;
+    assert_eq!(status, 201, "{route}");
+    let id = route["id"].as_str().unwrap();
+    let (status, plugin) = post(
+        &gw,
+        &format!("/admin/routes/{id}/plugins"),
+        json!({"plugin": "rate-limit", "config": {"limits": [{"scope": "route", "requests_per_minute": 1}]}}),
+    )
+    .await;
+    assert_eq!(status, 201, "{plugin}");
+    // Enabled once its plugin exists, so no snapshot has the route without it.
+    let enabled = reqwest::Client::new()
+        .patch(gw.url(&format!("/admin/routes/{id}")))
+        .bearer_auth(ADMIN)
+        .json(&json!({"disabled": false}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(enabled.status(), 200);
+    let chat = || async {
+        reqwest::Client::new()
+            .post(gw.url("/open/v1/chat/completions"))
+            .json(&crate::harness::chat_body("m", false))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    // The route and its plugin reach the gateway's snapshot (polling spends the one request).
+    crate::routes::eventually(
+        std::time::Duration::from_secs(10),
+        "the route serves",
+        || async { chat().await == 200 },
+    )
+    .await;
+    assert_eq!(chat().await, 429);
+    assert_eq!(mock.chat_requests().await, 1);
+
+    let pid = plugin["id"].as_str().unwrap();
+    let response = reqwest::Client::new()
+        .patch(gw.url(&format!("/admin/routes/{id}/plugins/{pid}")))
+        .bearer_auth(ADMIN)
+        .json(&json!({"config": {"limits": [{"scope": "route", "concurrent_requests": 0}]}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 422);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(
+        body["error"]["param"], "config.limits[0].concurrent_requests",
+        "{body}"
+    );
 }

@@ -399,16 +399,36 @@ async fn every_resource_round_trips_over_http() {
     let (status, plugin) = s
         .post(
             &format!("/admin/routes/{rid}/plugins"),
-            json!({"plugin": "rate-limit", "config": {"rpm": 10}}),
+            json!({"plugin": "cache", "config": {"ttl": 10}}),
         )
         .await;
-    assert_eq!(status, 422, "no plugin named rate-limit runs: {plugin}");
+    assert_eq!(status, 422, "no plugin named cache runs: {plugin}");
     assert_eq!(plugin["error"]["param"], "plugin");
     let message = plugin["error"]["message"].as_str().unwrap();
     assert!(
-        message.contains("unknown plugin `rate-limit`; known plugins: test-noop"),
+        message.contains("unknown plugin `cache`; known plugins: rate-limit, test-noop"),
         "{message}"
     );
+    let (status, plugin) = s
+        .post(
+            &format!("/admin/routes/{rid}/plugins"),
+            json!({"plugin": "rate-limit", "config": {"limits": [{"scope": "consumer", "requests_per_minute": 0}]}}),
+        )
+        .await;
+    assert_eq!(status, 422, "{plugin}");
+    assert_eq!(
+        plugin["error"]["param"],
+        "config.limits[0].requests_per_minute"
+    );
+    // A route's body may not carry plugins: they are their own resource.
+    let (status, body) = s
+        .post(
+            "/admin/routes",
+            json!({"name": "p", "path_prefix": "/p", "plugins": {"rate-limit": {"limits": [{"scope": "route", "concurrent_requests": 1}]}}}),
+        )
+        .await;
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(body["error"]["param"], "plugins");
     let (status, plugin) = s
         .post(
             &format!("/admin/routes/{rid}/plugins"),

@@ -20,6 +20,9 @@ pub struct Config {
     pub models: Vec<ModelConfig>,
     /// Inbound routes declared in the file, validated like the database's (ids `yaml:NAME`).
     pub routes: Vec<crate::entity::Route>,
+    /// The plugins of the file's routes (`routes[].plugins`), by route id; routes without any are
+    /// absent.
+    pub route_plugins: std::collections::BTreeMap<String, crate::entity::RoutePlugins>,
     /// The file's text, to give later errors (a model's strategy) the line of their key.
     pub lines: super::KeyLines,
 }

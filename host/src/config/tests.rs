@@ -231,3 +231,41 @@ fn client_connection_bounds_have_defaults_and_name_their_key_when_invalid() {
         "test.yaml:2: server.max_connections: must be at least 1"
     );
 }
+
+#[test]
+fn a_yaml_routes_plugins_are_read_and_checked_with_their_line() {
+    let route = "routes:\n  - name: team\n    path_prefix: /team\n    plugins:\n      rate-limit:\n        limits:\n          - scope: api_key\n            per_model: true\n";
+    let config = load(&format!("{route}            tokens_per_minute: 500\n")).unwrap();
+    let plugins = &config.route_plugins["yaml:team"];
+    let limits = &plugins.rate_limit.as_ref().unwrap().limits;
+    assert_eq!(limits[0].scope, crate::entity::LimitScope::ApiKey);
+    assert_eq!(limits[0].tokens_per_minute, Some(500));
+    assert!(limits[0].per_model);
+    // The route table carries it, parsed, and `/routing` shows it by plugin name.
+    let set = crate::inbound_routes::RouteSet::build(&config, &crate::store::Snapshot::empty());
+    let team = &set.routes()[0];
+    assert_eq!(
+        team.rate_limit.as_ref().unwrap().as_ref().unwrap().limits,
+        *limits
+    );
+    assert_eq!(
+        team.plugins["rate-limit"]["limits"][0]["tokens_per_minute"],
+        500
+    );
+
+    let err = load(&format!("{route}            tokens_per_minute: 0\n"))
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "test.yaml:9: routes[0] (team).plugins.rate-limit.limits[0].tokens_per_minute: must be between 1 and 1000000000, got 0"
+    );
+    let err = load(&format!("{route}            tokens_per_minut: 5\n"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.starts_with("test.yaml:9:"), "{err}");
+    assert!(
+        err.contains("routes[0].plugins.rate-limit.limits[0]: unknown field `tokens_per_minut`"),
+        "{err}"
+    );
+}

@@ -312,9 +312,14 @@ pub(super) fn validate(
     let key_pools = key_pool_config(path, &raw.routing.key_pools, env)?;
     let mut routes = Vec::with_capacity(raw.routes.len());
     let mut prefixes: HashSet<String> = HashSet::new();
-    for (i, r) in raw.routes.into_iter().enumerate() {
+    let mut route_plugins = BTreeMap::new();
+    for (i, mut r) in raw.routes.into_iter().enumerate() {
         let name = r.name.clone();
         let at = |field: &str| format!("routes[{i}] ({name}).{field}");
+        let plugins = std::mem::take(&mut r.plugins);
+        plugins
+            .validate()
+            .map_err(|e| invalid(at(&format!("plugins.{}", e.field)), e.message))?;
         let route = r
             .into_route(format!("yaml:{name}"), 0)
             .map_err(|e| invalid(at(&e.field), e.message))?;
@@ -329,6 +334,9 @@ pub(super) fn validate(
                 at("path_prefix"),
                 format!("`{}` is already used by another route", route.path_prefix),
             ));
+        }
+        if !plugins.is_empty() {
+            route_plugins.insert(route.id.clone(), plugins);
         }
         routes.push(route);
     }
@@ -529,6 +537,7 @@ pub(super) fn validate(
         },
         models,
         routes,
+        route_plugins,
         lines,
     })
 }

@@ -157,10 +157,23 @@ pub struct NewRoute {
     #[serde(default = "default_max_attempts")]
     #[schema(default = 2)]
     pub max_attempts: i64,
+    /// YAML only: the route's plugin configs by plugin name. The admin API keeps them as their own
+    /// resource (`/admin/routes/{id}/plugins`) and refuses this field.
+    #[serde(default)]
+    #[schema(ignore)]
+    pub plugins: super::RoutePlugins,
 }
 
 impl NewRoute {
+    /// The route row. `plugins` must be empty (taken out first by the YAML loader): a route row
+    /// does not hold plugin configs, so the admin API's body may not name any.
     pub fn into_route(self, id: String, now: i64) -> Result<Route, InvalidField> {
+        if !self.plugins.is_empty() {
+            return Err(invalid(
+                "plugins",
+                "a route's plugins are set through /admin/routes/{id}/plugins",
+            ));
+        }
         let route = Route {
             id,
             tenant_id: self.tenant_id,
@@ -260,10 +273,14 @@ impl RoutePatch {
 /// else would be stored and shown while doing nothing (a `rate-limit` row that limits nothing), so
 /// the admin API refuses it. A new plugin adds its name here, one line.
 pub const KNOWN_PLUGINS: &[&str] = &[
+    RATE_LIMIT_PLUGIN,
     // Only the unit tests' build knows this one: the admin API's CRUD needs a name it accepts.
     #[cfg(test)]
     "test-noop",
 ];
+
+/// The `rate-limit` plugin's name (its config: [`super::RateLimitConfig`]).
+pub const RATE_LIMIT_PLUGIN: &str = "rate-limit";
 
 /// Refuses a plugin name this gateway does not run, naming those it does.
 pub fn require_known_plugin(name: &str) -> Result<(), InvalidField> {
@@ -300,6 +317,11 @@ impl PluginConfig {
         require_name("plugin", &self.plugin)?;
         if !self.config.is_object() {
             return Err(invalid("config", "must be a JSON object"));
+        }
+        // A plugin the gateway runs checks its config here, so a write the request path could not
+        // use is refused (422 naming the field) instead of stored.
+        if self.plugin == RATE_LIMIT_PLUGIN {
+            super::RateLimitConfig::from_value(&self.config)?;
         }
         Ok(())
     }

@@ -11,6 +11,7 @@
 //!
 //! One file per entity group, all re-exported here so each type has one path (`entity::Route`):
 //! - `inbound_route.rs`: inbound path-prefix routes ([`Route`]) and their [`PluginConfig`]s;
+//! - `rate_limit.rs`: the `rate-limit` plugin's config ([`RateLimitConfig`]);
 //! - `consumer.rs`: [`Consumer`]s, their [`Role`] and their API keys ([`ConsumerKey`]);
 //! - `upstream.rs`: [`Provider`]s, their [`Upstream`]s, [`UpstreamKey`]s, [`UpstreamModel`]
 //!   mappings and [`KeyReservation`]s of keys configured outside the database;
@@ -18,6 +19,7 @@
 
 mod consumer;
 mod inbound_route;
+mod rate_limit;
 mod secret;
 mod upstream;
 
@@ -25,6 +27,7 @@ use serde::{Deserialize, Deserializer};
 
 pub use consumer::*;
 pub use inbound_route::*;
+pub use rate_limit::*;
 pub use secret::*;
 pub use upstream::*;
 

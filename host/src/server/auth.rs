@@ -27,6 +27,9 @@ pub struct Principal {
     /// The upstream groups this caller may reach, sorted; never empty unless the constraints
     /// exclude each other.
     pub groups: Arc<[String]>,
+    /// The groups of the consumer whose key was presented (the `consumer_group` scope of
+    /// rate limits); empty without a consumer.
+    pub consumer_groups: Arc<[String]>,
     /// On pass-through routes, the client's own credential, sent upstream instead of the route's.
     pub upstream_credential: Option<String>,
     /// Presented the admin token, or a key of an admin consumer.
@@ -144,6 +147,7 @@ pub fn authenticate(
                 key_id: Some(found.key.id.clone()),
                 role: Some(found.consumer.role),
                 groups: allowed_groups(&[&route.groups, &found.consumer.groups, &found.key.groups]),
+                consumer_groups: Arc::from(found.consumer.groups.as_slice()),
                 upstream_credential: None,
                 admin: found.consumer.role == Role::Admin,
             })

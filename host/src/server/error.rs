@@ -49,6 +49,13 @@ pub enum GatewayError {
     /// The model exists, but none of its upstreams is in a group this caller may use.
     #[error("The model `{model}` is not available to this API key (its upstream groups: {groups})")]
     ModelNotInGroups { model: String, groups: String },
+    /// A limit of the route's `rate-limit` plugin refused the request; nothing was sent upstream.
+    #[error("{}", .0.message)]
+    RateLimited(Box<super::rate_limit::RateLimited>),
+    /// The route's stored `rate-limit` config does not read, so its requests are refused rather
+    /// than served unlimited.
+    #[error("the route `{route}` has a rate-limit config that does not read: {message}")]
+    RateLimitMisconfigured { route: String, message: String },
 }
 
 impl GatewayError {
@@ -64,6 +71,8 @@ impl GatewayError {
             GatewayError::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             GatewayError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             GatewayError::ShuttingDown(_) => StatusCode::SERVICE_UNAVAILABLE,
+            GatewayError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
+            GatewayError::RateLimitMisconfigured { .. } => StatusCode::INTERNAL_SERVER_ERROR,
             GatewayError::NoRoute(SelectionError::PinNotFound { .. }) => StatusCode::BAD_REQUEST,
             GatewayError::NoRoute(_) => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::AllAttemptsFailed(e) => match e.primary() {
@@ -95,7 +104,16 @@ impl GatewayError {
             GatewayError::NoRoute(_)
                 | GatewayError::AllAttemptsFailed(_)
                 | GatewayError::ShuttingDown(_)
+                | GatewayError::RateLimited(_)
         ) && !matches!(self.status().as_u16(), 400..=407 | 409..=428)
+    }
+
+    /// Which limit refused the request (`consumer:rpm`), for the request log.
+    pub fn rate_limited_by(&self) -> Option<String> {
+        match self {
+            GatewayError::RateLimited(r) => Some(r.limit.clone()),
+            _ => None,
+        }
     }
 
     fn openai_type(&self) -> &'static str {
@@ -109,6 +127,10 @@ impl GatewayError {
             | GatewayError::BodyTimeout(_)
             | GatewayError::ModelNotInGroups { .. } => "invalid_request_error",
             GatewayError::ShuttingDown(_) => "service_unavailable",
+            // OpenAI's own rate-limit 429s: `requests` or `tokens`, code `rate_limit_exceeded`.
+            GatewayError::RateLimited(r) if r.limit.ends_with(":tpm") => "tokens",
+            GatewayError::RateLimited(_) => "requests",
+            GatewayError::RateLimitMisconfigured { .. } => "server_error",
             // OpenAI's own 401s are `invalid_request_error` with code `invalid_api_key`.
             GatewayError::Unauthorized(_) => "invalid_request_error",
             GatewayError::NoRoute(SelectionError::PinNotFound { .. }) => "invalid_request_error",
@@ -131,6 +153,8 @@ impl GatewayError {
             GatewayError::BodyTooLarge(_) => "request_too_large",
             GatewayError::BodyTimeout(_) => "request_timeout",
             GatewayError::ShuttingDown(_) => "shutting_down",
+            GatewayError::RateLimited(_) => "rate_limit_exceeded",
+            GatewayError::RateLimitMisconfigured { .. } => "rate_limit_misconfigured",
             GatewayError::NoRoute(SelectionError::PinNotFound { .. }) => "pin_not_found",
             GatewayError::NoRoute(SelectionError::MissingModality { .. }) => "unsupported_modality",
             GatewayError::NoRoute(_) => "no_available_route",
@@ -154,6 +178,8 @@ impl GatewayError {
             GatewayError::BodyTooLarge(_) => "caller_body_too_large",
             GatewayError::BodyTimeout(_) => "caller_body_timeout",
             GatewayError::ShuttingDown(_) => "gateway_shutting_down",
+            GatewayError::RateLimited(_) => "caller_rate_limited",
+            GatewayError::RateLimitMisconfigured { .. } => "gateway_rate_limit_misconfigured",
             GatewayError::NoRoute(SelectionError::PinNotFound { .. }) => "caller_pin_not_found",
             GatewayError::NoRoute(SelectionError::MissingModality { .. }) => {
                 "caller_unsupported_modality"
@@ -236,6 +262,11 @@ impl GatewayError {
     /// and Responses, Anthropic's for Messages, both carrying the attempts or exclusions.
     pub fn response_in(self, dialect: Dialect) -> Response {
         let status = self.status();
+        // A refusal by a limit says when to come back and where each limit stands.
+        let rate_limited = match &self {
+            GatewayError::RateLimited(r) => Some((r.retry_after_seconds, r.headers)),
+            _ => None,
+        };
         if status.is_server_error() {
             tracing::warn!(status = status.as_u16(), "request failed: {self}");
         }
@@ -274,7 +305,16 @@ impl GatewayError {
         {
             object.insert("request_id".into(), id.as_str().into());
         }
-        (status, axum::Json(body)).into_response()
+        let mut response = (status, axum::Json(body)).into_response();
+        if let Some((retry_after, headers)) = rate_limited {
+            let h = response.headers_mut();
+            h.insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(retry_after),
+            );
+            headers.apply(h);
+        }
+        response
     }
 }
 

@@ -22,10 +22,12 @@ use crate::telemetry::metrics::{self, Operation};
 use crate::upstream::upstream_dialect;
 
 use super::auth::{self, Principal};
+use super::rate_limit::{self, Admitted};
 use super::{
     GatewayError, attributed_row, caller, clamp_i32, failed_attempts_json, log_request,
     with_attempts,
 };
+use crate::entity::RateLimitConfig;
 use crate::inbound_routes::{Endpoint, RouteMatch};
 
 /// What authentication and the inbound route decided for one request.
@@ -33,6 +35,9 @@ struct Admission {
     principal: Principal,
     max_attempts: usize,
     route_name: String,
+    route_id: String,
+    /// The route's `rate-limit` plugin (see [`crate::inbound_routes::InboundRoute::rate_limit`]).
+    rate_limit: Option<Result<Arc<RateLimitConfig>, String>>,
 }
 
 impl Admission {
@@ -63,6 +68,49 @@ impl Admission {
     fn credential(&self) -> Option<Arc<str>> {
         self.principal.upstream_credential.as_deref().map(Arc::from)
     }
+
+    /// Checks and reserves the route's rate limits for one request to `model`, before any
+    /// upstream is contacted; `None` when the route has no `rate-limit` plugin.
+    async fn limit(
+        &self,
+        gateway: &Gateway,
+        caller: &caller::Caller,
+        model: &ModelEntry,
+        prompt_tokens: u32,
+    ) -> Result<Option<Admitted>, GatewayError> {
+        let Some(config) = &self.rate_limit else {
+            return Ok(None);
+        };
+        let config = config
+            .as_ref()
+            .map_err(|message| GatewayError::RateLimitMisconfigured {
+                route: self.route_name.clone(),
+                message: message.clone(),
+            })?;
+        let subject = rate_limit::Subject {
+            route_id: &self.route_id,
+            consumer_id: self.principal.consumer_id.as_deref(),
+            key_id: self.principal.key_id.as_deref(),
+            consumer_groups: &self.principal.consumer_groups,
+            caller: caller.key.as_deref(),
+            model: &model.config.id,
+        };
+        match rate_limit::admit(&gateway.limits, config, &subject, prompt_tokens).await {
+            Ok(admitted) => Ok(Some(admitted)),
+            Err(refused) => {
+                metrics::rate_limited(&self.route_name, &refused.limit);
+                Err(GatewayError::RateLimited(Box::new(refused)))
+            }
+        }
+    }
+}
+
+/// Adds the `x-ratelimit-*` headers of an admitted request to its answer.
+fn with_rate_headers(mut response: Response, limits: Option<&Admitted>) -> Response {
+    if let Some(l) = limits {
+        l.headers.apply(response.headers_mut());
+    }
+    response
 }
 
 /// Every inference path: finds the inbound route by longest prefix, the endpoint by the rest of
@@ -122,6 +170,8 @@ pub async fn handle(
         principal,
         max_attempts: route.max_attempts,
         route_name: route.name.clone(),
+        route_id: route.id.clone(),
+        rate_limit: route.rate_limit.clone(),
     };
     drop(snapshot);
     let length = parts
@@ -409,6 +459,24 @@ async fn serve_chat(
         modalities,
         ..admission.facts(&caller, capability(dialect))
     };
+    let limits = match admission
+        .limit(gateway, &caller, &model, inbound.prompt_tokens)
+        .await
+    {
+        Ok(limits) => limits,
+        Err(e) => {
+            record_failure(
+                gateway,
+                admission.log_row(),
+                &model,
+                &e,
+                started,
+                dialect,
+                Operation::Chat,
+            );
+            return Err(e);
+        }
+    };
     let mut waiting = Waiting::new(
         gateway,
         admission,
@@ -421,6 +489,10 @@ async fn serve_chat(
         Ok(plan) => plan,
         Err(e) => {
             waiting.answered();
+            // Nothing was sent: the prompt's tokens are given back.
+            if let Some(l) = limits {
+                l.refund();
+            }
             return Err(e.into());
         }
     };
@@ -474,7 +546,14 @@ async fn serve_chat(
                 ..attributed_row(&attribution, base)
             };
             gateway.record(with_attempts(row, &attempts));
-            Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+            let response = with_rate_headers(
+                ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+                limits.as_ref(),
+            );
+            if let Some(l) = limits {
+                l.settle(prompt_tokens, completion_tokens);
+            }
+            Ok(response)
         }
         Ok(Answer::Stream {
             events,
@@ -496,8 +575,15 @@ async fn serve_chat(
             };
             let logger = gateway.clone();
             let model = model.clone();
+            let headers = limits.as_ref().map(|l| l.headers);
+            // The stream's limits go with its summary: settled by its usage when it ends, and
+            // its concurrency released then (also when the client leaves: the relay is dropped
+            // and the summary resolves).
             tokio::spawn(async move {
                 let Ok(s) = summary.await else { return };
+                if let Some(l) = limits {
+                    l.settle(s.prompt_tokens, s.completion_tokens);
+                }
                 request_metrics(
                     &model,
                     Operation::Chat,
@@ -540,9 +626,16 @@ async fn serve_chat(
             h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
             // Tell buffering proxies (nginx) to pass events through as they come.
             h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+            if let Some(headers) = headers {
+                headers.apply(h);
+            }
             Ok(response)
         }
         Err(e) => {
+            // No upstream served it: its tokens are given back.
+            if let Some(l) = limits {
+                l.refund();
+            }
             let err = GatewayError::from(e);
             record_failure(
                 gateway,
@@ -663,13 +756,23 @@ fn record_failure(
     operation: Operation,
 ) {
     let status = err.status().as_u16();
-    tracing::info!(
-        target: "switchyard::access",
-        model = %model.config.id,
-        status,
-        latency_ms = started.elapsed().as_millis() as u64,
-        "all attempts failed"
-    );
+    let rate_limited_by = err.rate_limited_by();
+    match &rate_limited_by {
+        Some(limit) => tracing::info!(
+            target: "switchyard::access",
+            model = %model.config.id,
+            status,
+            rate_limited_by = %limit,
+            "refused by a rate limit"
+        ),
+        None => tracing::info!(
+            target: "switchyard::access",
+            model = %model.config.id,
+            status,
+            latency_ms = started.elapsed().as_millis() as u64,
+            "all attempts failed"
+        ),
+    }
     let (attempts, failed_attempts) = match err {
         GatewayError::AllAttemptsFailed(d) => (d.attempts.len(), failed_attempts_json(&d.attempts)),
         _ => (0, None),
@@ -694,6 +797,7 @@ fn record_failure(
         latency_ms: started.elapsed().as_secs_f64() * 1000.0,
         error: Some(err.to_string()),
         failed_attempts,
+        rate_limited_by,
         ..base
     });
 }
@@ -716,6 +820,24 @@ async fn serve_embeddings(
         prompt_tokens: u32::try_from(chars / 4).unwrap_or(u32::MAX),
         ..admission.facts(&caller, Capability::Embeddings)
     };
+    let limits = match admission
+        .limit(gateway, &caller, &model, facts.prompt_tokens)
+        .await
+    {
+        Ok(limits) => limits,
+        Err(e) => {
+            record_failure(
+                gateway,
+                admission.log_row(),
+                &model,
+                &e,
+                started,
+                Dialect::OpenAiChat,
+                Operation::Embeddings,
+            );
+            return Err(e);
+        }
+    };
     let mut waiting = Waiting::new(
         gateway,
         admission,
@@ -728,6 +850,9 @@ async fn serve_embeddings(
         Ok(plan) => plan,
         Err(e) => {
             waiting.answered();
+            if let Some(l) = limits {
+                l.refund();
+            }
             return Err(e.into());
         }
     };
@@ -768,9 +893,16 @@ async fn serve_embeddings(
                 ..attributed_row(&attribution, base)
             };
             gateway.record(with_attempts(row, &attempts));
-            Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+            // An embeddings answer reports no usage here: the estimate stands.
+            Ok(with_rate_headers(
+                ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+                limits.as_ref(),
+            ))
         }
         Err(e) => {
+            if let Some(l) = limits {
+                l.refund();
+            }
             let err = GatewayError::from(e);
             record_failure(
                 gateway,

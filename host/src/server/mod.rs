@@ -6,6 +6,7 @@ pub mod error;
 mod inference;
 pub mod listener;
 pub mod metrics;
+pub mod rate_limit;
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -50,6 +50,9 @@ pub struct ApiLogRow {
     pub attempt_log: Option<String>,
     /// The routing decision, as a JSON object (`routing::select::Decision`).
     pub decision: Option<String>,
+    /// The `rate-limit` plugin's limit that refused the request (`consumer:rpm`); `None` when
+    /// none did.
+    pub rate_limited_by: Option<String>,
 }
 
 /// The sending side, cheap to clone into request handlers.
@@ -247,7 +250,8 @@ macro_rules! insert_rows {
                     .push_bind(r.cached_tokens)
                     .push_bind(r.cache_write_tokens)
                     .push_bind(&r.attempt_log)
-                    .push_bind(&r.decision);
+                    .push_bind(&r.decision)
+                    .push_bind(&r.rate_limited_by);
             });
             qb.build().execute(&mut *tx).await?;
         }
@@ -255,7 +259,7 @@ macro_rules! insert_rows {
     }};
 }
 
-const COLUMNS: &str = "INSERT INTO api_logs (created_at_ms, route, consumer, model, endpoint_id, attempts, fell_back, status, ttft_ms, latency_ms, prompt_tokens, completion_tokens, error, failed_attempts, request_id, cost_usd, cached_tokens, cache_write_tokens, attempt_log, decision) ";
+const COLUMNS: &str = "INSERT INTO api_logs (created_at_ms, route, consumer, model, endpoint_id, attempts, fell_back, status, ttft_ms, latency_ms, prompt_tokens, completion_tokens, error, failed_attempts, request_id, cost_usd, cached_tokens, cache_write_tokens, attempt_log, decision, rate_limited_by) ";
 
 /// Writes `rows` in one transaction.
 async fn write(store: &Store, rows: &[ApiLogRow]) -> Result<(), sqlx::Error> {

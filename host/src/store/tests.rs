@@ -288,8 +288,9 @@ async fn plugin_configs(db: &TestDb) {
     let new = |plugin: &str, config: serde_json::Value| -> NewPluginConfig {
         serde_json::from_value(json!({"plugin": plugin, "config": config})).unwrap()
     };
+    let limits = json!({"limits": [{"scope": "consumer", "requests_per_minute": 60}]});
     let limit = s
-        .create_plugin_config(&r.id, new("rate-limit", json!({"rpm": 60})))
+        .create_plugin_config(&r.id, new("rate-limit", limits.clone()))
         .await
         .unwrap();
     let cache = s
@@ -307,6 +308,24 @@ async fn plugin_configs(db: &TestDb) {
     assert_conflict(s.create_plugin_config(&r.id, new("cache", json!({}))).await);
     assert_invalid(
         s.create_plugin_config(&r.id, new("x", json!([1]))).await,
+        "config",
+    );
+    // A plugin the gateway runs checks its config.
+    let fresh = s.create_route(route("fresh", "/fresh")).await.unwrap();
+    assert_invalid(
+        s.create_plugin_config(
+            &fresh.id,
+            new(
+                "rate-limit",
+                json!({"limits": [{"scope": "route", "requests_per_minute": 0}]}),
+            ),
+        )
+        .await,
+        "config.limits[0].requests_per_minute",
+    );
+    assert_invalid(
+        s.update_plugin_config(&r.id, &limit.id, patch(json!({"config": {"rpm": 60}})))
+            .await,
         "config",
     );
     assert_invalid(
@@ -329,12 +348,12 @@ async fn plugin_configs(db: &TestDb) {
     let aggregated = s.route_plugins(&r.id).await.unwrap();
     assert_eq!(
         serde_json::to_value(&aggregated).unwrap(),
-        json!({"rate-limit": {"rpm": 60}})
+        json!({"rate-limit": limits})
     );
     let snapshot = s.load_snapshot().await.unwrap();
     assert_eq!(
         snapshot.route_plugin_map(&r.id),
-        [("rate-limit", &json!({"rpm": 60}))].into_iter().collect()
+        [("rate-limit", &limits)].into_iter().collect()
     );
 
     s.delete_plugin_config(&r.id, &limit.id).await.unwrap();

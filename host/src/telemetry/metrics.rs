@@ -81,6 +81,9 @@ pub mod names {
     /// Counter: client connections refused at the connection cap (`server.max_connections`)
     /// with a 503, before any request was read.
     pub const CONNECTIONS_REFUSED: &str = "switchyard_connections_refused_total";
+    /// Counter: requests a limit of the route's `rate-limit` plugin refused, by `route` (its name)
+    /// and `limit` (`consumer:rpm`: scope, `per_model`, kind; a closed vocabulary).
+    pub const RATE_LIMITED: &str = "switchyard_rate_limited_total";
     /// Counter: request-log rows by `outcome` written, dropped (queue full), failed (database).
     pub const REQUEST_LOG_ROWS: &str = "switchyard_request_log_rows_total";
     /// Counter, USD: what attempts cost at their upstream's `pricing`. Only ever grows, but is
@@ -120,6 +123,7 @@ pub mod names {
         STRATEGY_FALLBACKS,
         STRATEGY_RESETS,
         CONNECTIONS_REFUSED,
+        RATE_LIMITED,
         REQUEST_LOG_ROWS,
         COST_USD,
         CONFIG_SYNC_VERSIONS_BEHIND,
@@ -271,6 +275,10 @@ fn describe() {
         CONNECTIONS_REFUSED,
         "Client connections refused at the connection cap"
     );
+    describe_counter!(
+        RATE_LIMITED,
+        "Requests refused by a rate limit, by route and limit"
+    );
     describe_counter!(REQUEST_LOG_ROWS, "Request-log rows, by outcome");
     describe_gauge!(
         COST_USD,
@@ -359,6 +367,17 @@ pub fn request_error(error_type: &'static str, inbound_protocol: &'static str, s
         "error_type" => error_type,
         "inbound_protocol" => inbound_protocol,
         "status_class" => status_class(status),
+    )
+    .increment(1);
+}
+
+/// A request refused by a rate limit of `route` (its name); `limit` is the limit's name
+/// (`consumer:rpm`).
+pub fn rate_limited(route: &str, limit: &str) {
+    counter!(
+        RATE_LIMITED,
+        "route" => route.to_owned(),
+        "limit" => limit.to_owned(),
     )
     .increment(1);
 }
