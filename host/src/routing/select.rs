@@ -93,6 +93,9 @@ pub struct Plan {
     pub strategy_metadata: String,
     /// Set when the strategy failed and declared order was used instead.
     pub strategy_error: Option<String>,
+    /// The random seed the strategy was given (`None` when no strategy ran: a pinned request),
+    /// so a trace can name the draw that made this order.
+    pub seed: Option<u64>,
     /// An operator pinned the upstream: no fallback, and the breaker is not consulted.
     pub pinned: bool,
     /// Upstreams excluded before the strategy ran.
@@ -235,6 +238,7 @@ pub async fn select_at(
                 hedge: None,
                 strategy_metadata: String::new(),
                 strategy_error: None,
+                seed: None,
                 pinned: true,
                 excluded,
                 affinity_endpoint: None,
@@ -357,13 +361,14 @@ pub async fn select_at(
 
     // 6. The strategy orders what is left.
     let p = ctx.prefill.config();
+    let seed = rand::random();
     let request = Request {
         caller_hash: facts.caller_hash,
         prompt_tokens: facts.prompt_tokens,
         max_tokens: facts.max_tokens,
         stream: facts.stream,
         modalities: facts.modalities,
-        seed: rand::random(),
+        seed,
         now_ms: crate::clock::unix_ms(),
         prefill: PrefillPolicy {
             enabled: p.enabled,
@@ -421,6 +426,7 @@ pub async fn select_at(
         hedge,
         strategy_metadata,
         strategy_error,
+        seed: Some(seed),
         pinned: false,
         excluded,
         affinity_endpoint,

@@ -77,6 +77,9 @@ pub mod names {
     pub const CONNECTIONS_REFUSED: &str = "switchyard_connections_refused_total";
     /// Counter: request-log rows by `outcome` written, dropped (queue full), failed (database).
     pub const REQUEST_LOG_ROWS: &str = "switchyard_request_log_rows_total";
+    /// Counter: spans the trace exporter handled, by `outcome` exported, failed (the collector
+    /// refused them or did not answer in time), dropped (the export queue was full).
+    pub const TRACE_SPANS: &str = "switchyard_trace_spans_total";
     /// Gauge: database configuration versions the served snapshot is behind.
     pub const CONFIG_SYNC_VERSIONS_BEHIND: &str = "switchyard_config_sync_versions_behind";
     /// Gauge, seconds: since the served configuration snapshot was last loaded.
@@ -112,6 +115,7 @@ pub mod names {
         STRATEGY_RESETS,
         CONNECTIONS_REFUSED,
         REQUEST_LOG_ROWS,
+        TRACE_SPANS,
         CONFIG_SYNC_VERSIONS_BEHIND,
         CONFIG_SYNC_AGE,
         CONFIG_SYNC_FAILURES,
@@ -258,6 +262,7 @@ fn describe() {
         "Client connections refused at the connection cap"
     );
     describe_counter!(REQUEST_LOG_ROWS, "Request-log rows, by outcome");
+    describe_counter!(TRACE_SPANS, "Spans the trace exporter handled, by outcome");
     describe_gauge!(
         CONFIG_SYNC_VERSIONS_BEHIND,
         "Database configuration versions the served snapshot is behind"
@@ -492,6 +497,11 @@ pub fn strategy_reset(model: &str, strategy: &str) {
         "strategy" => strategy.to_owned(),
     )
     .increment(1);
+}
+
+/// Spans the trace exporter handled: `exported`, `failed` or `dropped` (queue full).
+pub fn trace_spans(outcome: &'static str, n: u64) {
+    counter!(TRACE_SPANS, "outcome" => outcome).increment(n);
 }
 
 /// Scrape-time gauges and counters mirrored from live state.

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use crate::config::ModelUpstream;
 use crate::protocol::inbound::Inbound;
+use crate::telemetry::trace::{AttemptFacts, RequestTrace};
 use crate::upstream::{Attempt, AttemptError, ChatAnswer, UpstreamClient};
 
 use super::super::RoutingContext;
@@ -59,7 +60,7 @@ impl Call for EmbeddingsCall<'_> {
 }
 
 /// Tries the plan's upstreams in order for a chat request in any dialect, hedging when the
-/// strategy asked for it.
+/// strategy asked for it. Each attempt is a child span of `trace`.
 pub async fn chat(
     client: &UpstreamClient,
     ctx: &RoutingContext,
@@ -67,9 +68,11 @@ pub async fn chat(
     model: &Arc<ModelEntry>,
     inbound: &Inbound,
     plan: Plan,
+    trace: &RequestTrace,
 ) -> Result<Answer, DispatchError> {
     let dispatch = Dispatch {
         client,
+        trace,
         call: ChatCall(inbound),
         ledger: RequestLedger {
             ctx,
@@ -105,6 +108,7 @@ pub async fn embeddings(
     model: &Arc<ModelEntry>,
     body: &serde_json::Map<String, serde_json::Value>,
     plan: Plan,
+    trace: &RequestTrace,
 ) -> Result<(bytes::Bytes, Attribution), DispatchError> {
     let public_model = body
         .get("model")
@@ -112,6 +116,7 @@ pub async fn embeddings(
         .unwrap_or_default();
     let dispatch = Dispatch {
         client,
+        trace,
         call: EmbeddingsCall { body, public_model },
         ledger: RequestLedger {
             ctx,
@@ -128,6 +133,8 @@ pub async fn embeddings(
 /// One request's dispatch: the call it makes and the ledger that books it.
 pub(super) struct Dispatch<'a, C> {
     client: &'a UpstreamClient,
+    /// The request's trace: each attempt opens a child span in it.
+    trace: &'a RequestTrace,
     call: C,
     pub(super) ledger: RequestLedger<'a>,
 }
@@ -143,16 +150,26 @@ pub(super) struct Step<T> {
 }
 
 impl<C: Call> Dispatch<'_, C> {
-    /// Sends one attempt to the upstream at `position`, booked by a ledger of its own.
+    /// Sends one attempt to the upstream at `position` (a hedge's backup when `hedge`), booked
+    /// by a ledger of its own and traced by a span of its own.
     pub(super) async fn attempt(
         &self,
         position: usize,
         ticket: Ticket,
+        hedge: bool,
     ) -> Result<C::Answer, AttemptError> {
         let upstream = &self.ledger.model.upstreams()[position];
-        let ledger = self.ledger.open(position, upstream, ticket);
+        let trace = self.trace.attempt(&AttemptFacts {
+            endpoint: &upstream.endpoint_id,
+            kind: upstream.kind.as_str(),
+            model: &upstream.provider_model_id,
+            base_url: &upstream.base_url,
+            hedge,
+        });
+        let trace_headers = trace.headers().cloned();
+        let ledger = self.ledger.open(position, upstream, ticket, trace);
         let credential = self.ledger.plan.credential.as_deref();
-        let attempt = Attempt::new(self.client, upstream, credential);
+        let attempt = Attempt::new(self.client, upstream, credential).with_trace(trace_headers);
         self.call.send(attempt, ledger).await
     }
 
@@ -209,7 +226,7 @@ impl<C: Call> Dispatch<'_, C> {
                 Some(h) => self.hedged(position, ticket, h, &mut excluded).await,
                 None => Step {
                     position,
-                    result: self.attempt(position, ticket).await,
+                    result: self.attempt(position, ticket, false).await,
                     failures: Vec::new(),
                     hedged: None,
                 },

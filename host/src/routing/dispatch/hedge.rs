@@ -49,7 +49,7 @@ impl<C: Call> Dispatch<'_, C> {
         excluded: &mut Vec<Exclusion>,
     ) -> Step<C::Answer> {
         let routes = self.ledger.model.upstreams();
-        let first = self.attempt(primary, primary_ticket);
+        let first = self.attempt(primary, primary_ticket, false);
         tokio::pin!(first);
         let done = tokio::select! {
             done = &mut first => Some(done),
@@ -74,7 +74,7 @@ impl<C: Call> Dispatch<'_, C> {
             "hedging: the primary has not answered, sending the backup"
         );
         crate::telemetry::metrics::hedge_sent(self.ledger.model.id());
-        let second = self.attempt(hedge.backup, backup_ticket);
+        let second = self.attempt(hedge.backup, backup_ticket, true);
         tokio::pin!(second);
         let (winner, result, loser, loser_ticket) = tokio::select! {
             result = &mut first => (primary, result, hedge.backup, backup_ticket),

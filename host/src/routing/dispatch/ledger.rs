@@ -11,6 +11,7 @@ use crate::config::ModelUpstream;
 use crate::protocol::ir;
 use crate::strategy::{ModelRouter, Observation};
 use crate::telemetry::metrics as telemetry;
+use crate::telemetry::trace::{AttemptOutcome, AttemptTrace};
 use crate::upstream::{AttemptEnd, AttemptError, AttemptSink};
 
 use super::super::RoutingContext;
@@ -38,8 +39,14 @@ pub(super) struct RequestLedger<'a> {
 impl RequestLedger<'_> {
     /// Opens the books of an attempt at the upstream at `position` of the model's list, admitted
     /// with `ticket`: counts it in flight and against the local quota and, for chat, takes its
-    /// prefill lease.
-    pub fn open(&self, position: usize, upstream: &ModelUpstream, ticket: Ticket) -> AttemptLedger {
+    /// prefill lease. `trace` is the attempt's span, ended with the attempt.
+    pub fn open(
+        &self,
+        position: usize,
+        upstream: &ModelUpstream,
+        ticket: Ticket,
+        trace: AttemptTrace,
+    ) -> AttemptLedger {
         let ctx = self.ctx;
         let in_flight = ctx.inflight.enter(&upstream.endpoint_id);
         ctx.attempts.on_attempt(&upstream.endpoint_id); // RouteWise's local quota counter
@@ -65,6 +72,7 @@ impl RequestLedger<'_> {
             lease,
             prompt_tokens: self.prompt_tokens,
             strategy_metadata: self.chat.then(|| self.plan.strategy_metadata.clone()),
+            trace,
             _in_flight: in_flight,
         }
     }
@@ -120,6 +128,8 @@ pub(super) struct AttemptLedger {
     prompt_tokens: u32,
     /// `Some` when the strategy observes this attempt (chat).
     strategy_metadata: Option<String>,
+    /// The attempt's span (a no-op when tracing is off).
+    trace: AttemptTrace,
     /// Counts the attempt in flight until it is dropped: with the relay, for a stream.
     _in_flight: InFlightGuard,
 }
@@ -174,6 +184,16 @@ impl AttemptSink for AttemptLedger {
     }
 
     fn end(&mut self, end: AttemptEnd<'_>) {
+        self.trace.end(&AttemptOutcome {
+            status: end.status,
+            error_type: end.outcome.err().map(AttemptError::error_type),
+            time_to_first_token: end
+                .ttft_ms
+                .map(|ms| std::time::Duration::from_secs_f64(ms.max(0.0) / 1000.0)),
+            input_tokens: end.usage.input_tokens,
+            output_tokens: end.usage.output_tokens,
+            response_model: end.response_model,
+        });
         let health_pending = std::mem::take(&mut self.health_pending);
         let strategy_metadata = self.strategy_metadata.take();
         let ctx = &self.ctx;
