@@ -156,10 +156,6 @@ fn main() -> anyhow::Result<()> {
         Command::Serve { config, .. } => Some(load_config(&config.config)?),
         _ => None,
     };
-    match &served_config {
-        Some(config) => telemetry::logging::init(config.logging.format, &config.logging.level),
-        None => telemetry::logging::init(LogFormat::Text, "info"),
-    }
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     runtime.enable_all();
     if let Command::Serve {
@@ -170,9 +166,28 @@ fn main() -> anyhow::Result<()> {
         runtime.worker_threads(usize::from(*n));
     }
     let runtime = runtime.build().context("starting the async runtime")?;
+    // Traces are exported by tasks on this runtime, and the OpenTelemetry layer is part of the
+    // log subscriber: both come after the runtime, before anything logs.
+    let traces = match &served_config {
+        Some(config) => {
+            let traces =
+                telemetry::trace::Tracing::install(&config.telemetry, runtime.handle().clone())
+                    .with_context(|| format!("{}: telemetry", config.source.display()))?;
+            telemetry::logging::init(
+                config.logging.format,
+                &config.logging.level,
+                traces.as_ref(),
+            );
+            traces
+        }
+        None => {
+            telemetry::logging::init(LogFormat::Text, "info", None);
+            None
+        }
+    };
     match cli.command {
         Command::Serve { listen, .. } => match served_config {
-            Some(config) => runtime.block_on(serve(config, listen)),
+            Some(config) => runtime.block_on(serve(config, listen, traces)),
             None => bail!("serve: no config"),
         },
         Command::Check { config } => runtime.block_on(check(&config.config)),
@@ -219,7 +234,11 @@ fn load_config(path: &Path) -> anyhow::Result<Config> {
     Ok(Config::load(path)?)
 }
 
-async fn serve(config: Config, listen: Option<String>) -> anyhow::Result<()> {
+async fn serve(
+    config: Config,
+    listen: Option<String>,
+    traces: Option<telemetry::trace::Tracing>,
+) -> anyhow::Result<()> {
     let max_connections = client_connection_cap(&config.server.edge);
     // `SWITCHYARD_METRICS=off` records nothing (`/metrics` answers 503): the baseline of the
     // benchmark that measures what metrics cost (bench/metrics_cost.py).
@@ -278,11 +297,25 @@ async fn serve(config: Config, listen: Option<String>) -> anyhow::Result<()> {
     if let Some(metrics_listen) = gateway.config.server.metrics_listen.clone() {
         serve_metrics(&metrics_listen, gateway.clone()).await?;
     }
-    serve_until_drained(listener, gateway.clone(), max_connections).await;
-    // The request log writes in intervals: what the last one queued is written before exit.
-    if let Some(api_log) = &gateway.api_log {
-        api_log.finish(REQUEST_LOG_EXIT_DEADLINE).await;
+    if let Some(traces) = &traces {
+        tracing::info!("exporting traces to {}", traces.endpoint());
     }
+    let signalled = serve_until_drained(listener, gateway.clone(), max_connections).await;
+    // The request log writes in intervals, the span exporter in batches: what the last interval
+    // queued is written before exit, both at once.
+    let request_log = async {
+        if let Some(api_log) = &gateway.api_log {
+            api_log.finish(REQUEST_LOG_EXIT_DEADLINE).await;
+        }
+    };
+    let spans = async {
+        if let Some(traces) = traces {
+            traces
+                .shutdown(trace_exit_deadline(&gateway, signalled))
+                .await;
+        }
+    };
+    tokio::join!(request_log, spans);
     Ok(())
 }
 
@@ -303,27 +336,40 @@ fn client_connection_cap(edge: &switchyard::config::EdgeConfig) -> usize {
     max_connections
 }
 
+/// How long exit waits for the last spans' export: what is left of the shutdown grace since
+/// SIGTERM, but at least one export's timeout, so the last requests' spans get one try.
+fn trace_exit_deadline(
+    gateway: &Gateway,
+    signalled: Option<std::time::Instant>,
+) -> std::time::Duration {
+    let grace = gateway.config.server.edge.shutdown_grace;
+    let left = signalled.map_or(grace, |at| grace.saturating_sub(at.elapsed()));
+    left.max(telemetry::trace::EXPORT_TIMEOUT)
+}
+
 /// How long exit waits for the request log's last rows (a stuck database must not hold it).
 const REQUEST_LOG_EXIT_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Serves until SIGTERM (or Ctrl-C) and the drain that follows are over.
+/// Serves until SIGTERM (or Ctrl-C) and the drain that follows are over; returns when the
+/// signal came.
 async fn serve_until_drained(
     listener: tokio::net::TcpListener,
     gateway: Arc<Gateway>,
     max_connections: usize,
-) {
+) -> Option<std::time::Instant> {
     let edge = gateway.config.server.edge.clone();
     let drain = gateway.drain.clone();
     let app = switchyard::server::router(gateway);
-    switchyard::server::listener::serve(
-        listener,
-        app,
-        &edge,
-        max_connections,
-        drain,
-        shutdown_signal(),
-    )
-    .await;
+    let signalled = Arc::new(std::sync::OnceLock::new());
+    let signal = {
+        let signalled = signalled.clone();
+        async move {
+            shutdown_signal().await;
+            let _ = signalled.set(std::time::Instant::now());
+        }
+    };
+    switchyard::server::listener::serve(listener, app, &edge, max_connections, drain, signal).await;
+    signalled.get().copied()
 }
 
 /// Connections the metrics-only listener holds at once: scrapers are few.

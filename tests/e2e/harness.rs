@@ -32,6 +32,57 @@ pub fn component(folder: &str, name: &str) -> PathBuf {
     path
 }
 
+/// The repository's root (the host crate's parent).
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// One virtualenv is built at a time (tests run in parallel, and two may want the same one).
+static VENV_BUILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// A virtualenv named `name` under the cargo target dir (outside the clone) with the pinned
+/// packages of `requirements` (relative to the repository), built once and rebuilt when that file
+/// changes. Returns its `python`.
+pub fn python_venv(name: &str, requirements: &str) -> PathBuf {
+    let _one_at_a_time = VENV_BUILD.lock().unwrap_or_else(|e| e.into_inner());
+    let requirements = repo().join(requirements);
+    let wanted = std::fs::read_to_string(&requirements)
+        .unwrap_or_else(|e| panic!("{}: {e}", requirements.display()));
+    let venv = target_dir().join(name);
+    let marker = venv.join("requirements.installed");
+    let python = venv.join("bin/python");
+    if std::fs::read_to_string(&marker).ok().as_deref() == Some(wanted.as_str()) && python.exists()
+    {
+        return python;
+    }
+    let _ = std::fs::remove_dir_all(&venv);
+    let status = Command::new("python3")
+        .args(["-m", "venv"])
+        .arg(&venv)
+        .status()
+        .expect("python3 is needed for the tests that run Python clients or servers");
+    assert!(status.success(), "creating the virtualenv {name} failed");
+    let status = Command::new(&python)
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "-r",
+        ])
+        .arg(&requirements)
+        .status()
+        .expect("pip");
+    assert!(
+        status.success(),
+        "installing {} failed",
+        requirements.display()
+    );
+    std::fs::write(&marker, wanted).expect("marker");
+    python
+}
+
 fn configure(cmd: &mut Command) {
     cmd.env("SWITCHYARD_CACHE_DIR", target_dir().join("wasmtime-cache"))
         .env(
@@ -45,6 +96,11 @@ fn configure(cmd: &mut Command) {
         .env("RUST_LOG", "info,switchyard=debug");
     // What the quota sources and the single-process guard read must come from the test alone.
     for var in [
+        // Traces are off unless a test turns them on.
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "OTEL_SDK_DISABLED",
+        "OTEL_SERVICE_NAME",
         "CHUTES_API_KEY",
         "CHUTES_API_BASE",
         "MINIMAX_API_KEY",
@@ -57,7 +113,7 @@ fn configure(cmd: &mut Command) {
 }
 
 /// Reads the child's first stdout line (`... listening on http://ADDR`) and returns the port.
-fn read_port(child: &mut Child, what: &str) -> u16 {
+pub fn read_port(child: &mut Child, what: &str) -> u16 {
     let stdout = child.stdout.take().expect("stdout is piped");
     let mut line = String::new();
     BufReader::new(stdout)

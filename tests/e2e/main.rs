@@ -37,4 +37,5 @@ mod store;
 mod strategies;
 mod strategies_run;
 mod stream_deadlines;
+mod traces;
 mod wit_versions;

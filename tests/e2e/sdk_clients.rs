@@ -1,58 +1,18 @@
 //! The official `openai` and `anthropic` Python SDKs against the running gateway, with upstreams of
 //! each protocol behind it (tests/sdk/test_clients.py). The test builds its own virtualenv with the
-//! pinned packages (tests/sdk/requirements.txt) under the cargo target dir, once.
+//! pinned packages (tests/sdk/requirements.txt) under the cargo target dir, once
+//! ([`python_venv`]).
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::harness::{Gateway, Mock, target_dir};
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// A virtualenv with the pinned SDKs, rebuilt when requirements.txt changes.
-fn venv_python() -> PathBuf {
-    let requirements = repo().join("tests/sdk/requirements.txt");
-    let wanted = std::fs::read_to_string(&requirements).expect("requirements.txt");
-    let venv = target_dir().join("sdk-venv");
-    let marker = venv.join("requirements.installed");
-    let python = venv.join("bin/python");
-    if std::fs::read_to_string(&marker).ok().as_deref() == Some(wanted.as_str()) && python.exists()
-    {
-        return python;
-    }
-    let _ = std::fs::remove_dir_all(&venv);
-    let status = Command::new("python3")
-        .args(["-m", "venv"])
-        .arg(&venv)
-        .status()
-        .expect("python3 is needed for the SDK client tests");
-    assert!(status.success(), "creating the virtualenv failed");
-    let status = Command::new(&python)
-        .args([
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            "-r",
-        ])
-        .arg(&requirements)
-        .status()
-        .expect("pip");
-    assert!(
-        status.success(),
-        "installing {} failed",
-        requirements.display()
-    );
-    std::fs::write(&marker, wanted).expect("marker");
-    python
-}
+use crate::harness::{Gateway, Mock, python_venv, repo};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn official_sdks_parse_every_protocol_pair() {
-    let python = tokio::task::spawn_blocking(venv_python).await.unwrap();
+    let python =
+        tokio::task::spawn_blocking(|| python_venv("sdk-venv", "tests/sdk/requirements.txt"))
+            .await
+            .unwrap();
     let openai = Mock::start(&["--protocol", "openai", "--tool-call"]);
     let responses = Mock::start(&["--protocol", "openai_responses", "--tool-call"]);
     let anthropic = Mock::start(&["--protocol", "anthropic", "--tool-call"]);

@@ -27,7 +27,7 @@ pub use raw::{Capability, DefaultAuth, LogFormat, ProviderKind};
 pub use runtime::{
     Config, DatabaseModelsConfig, EdgeConfig, HealthCheckConfig, LoggingConfig, ModelConfig,
     ModelUpstream, PoolKey, RoutingConfig, ServerConfig, StrategiesConfig, StreamDeadlineOverrides,
-    StreamDeadlines, UpstreamClientConfig,
+    StreamDeadlines, TelemetryConfig, UpstreamClientConfig,
 };
 
 /// A config that could not be loaded. The message always names the file.

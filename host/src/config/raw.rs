@@ -23,6 +23,8 @@ pub struct RawConfig {
     pub health: RawHealth,
     #[serde(default)]
     pub logging: RawLogging,
+    #[serde(default)]
+    pub telemetry: RawTelemetry,
     /// Inbound routes (path prefixes and their authentication), beside those in the database.
     #[serde(default)]
     pub routes: Vec<crate::entity::NewRoute>,
@@ -77,6 +79,15 @@ pub struct RawLogging {
     /// An `EnvFilter` directive such as `info` or `info,switchyard=debug` (default `info`);
     /// `RUST_LOG` wins when set.
     pub level: Option<String>,
+}
+
+/// `telemetry:`: what the process exports besides its logs and `/metrics`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTelemetry {
+    /// The OTLP/HTTP collector's base URL (`http://collector:4318`): spans are POSTed to
+    /// `/v1/traces` under it. Unset (and no `OTEL_EXPORTER_OTLP_ENDPOINT`): no traces.
+    pub otlp_endpoint: Option<String>,
 }
 
 /// The log line format.

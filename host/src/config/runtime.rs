@@ -17,6 +17,7 @@ pub struct Config {
     pub upstream: UpstreamClientConfig,
     pub health: crate::routing::health::HealthConfig,
     pub logging: LoggingConfig,
+    pub telemetry: TelemetryConfig,
     pub models: Vec<ModelConfig>,
     /// Inbound routes declared in the file, validated like the database's (ids `yaml:NAME`).
     pub routes: Vec<crate::entity::Route>,
@@ -76,6 +77,16 @@ pub struct LoggingConfig {
     pub format: super::LogFormat,
     /// An `EnvFilter` directive.
     pub level: String,
+}
+
+/// `telemetry:`, validated, with the standard OpenTelemetry environment variables applied.
+#[derive(Debug, Clone, Default)]
+pub struct TelemetryConfig {
+    /// Where spans are POSTed (OTLP/HTTP protobuf), the `/v1/traces` path included; `None`:
+    /// tracing is off.
+    pub otlp_traces_endpoint: Option<String>,
+    /// `service.name` of the exported spans (`OTEL_SERVICE_NAME`, default `switchyard`).
+    pub service_name: String,
 }
 
 /// The strategy of models that exist only in the database.

@@ -112,6 +112,95 @@ fn every_example_config_parses() {
 }
 
 #[test]
+fn the_otlp_endpoint_comes_from_the_file_or_the_standard_variables_and_must_be_http() {
+    let off = load("").unwrap();
+    assert_eq!(off.telemetry.otlp_traces_endpoint, None);
+    assert_eq!(off.telemetry.service_name, "switchyard");
+    let file = load("telemetry:\n  otlp_endpoint: http://127.0.0.1:4318/\n").unwrap();
+    assert_eq!(
+        file.telemetry.otlp_traces_endpoint.as_deref(),
+        Some("http://127.0.0.1:4318/v1/traces")
+    );
+    let yaml = "telemetry:\n  otlp_endpoint: http://file:4318\n";
+    let env = |vars: &'static [(&'static str, &'static str)]| {
+        move |var: &str| {
+            vars.iter()
+                .find(|(k, _)| *k == var)
+                .map(|(_, v)| (*v).to_owned())
+        }
+    };
+    let base = Config::from_yaml(
+        Path::new("test.yaml"),
+        yaml,
+        &env(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://env:4318/prefix"),
+            ("OTEL_SERVICE_NAME", "gateway-eu"),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(
+        base.telemetry.otlp_traces_endpoint.as_deref(),
+        Some("https://env:4318/prefix/v1/traces")
+    );
+    assert_eq!(base.telemetry.service_name, "gateway-eu");
+    let signal = Config::from_yaml(
+        Path::new("test.yaml"),
+        yaml,
+        &env(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://env:4318"),
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                "http://traces:9999/custom",
+            ),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(
+        signal.telemetry.otlp_traces_endpoint.as_deref(),
+        Some("http://traces:9999/custom")
+    );
+    let disabled = Config::from_yaml(
+        Path::new("test.yaml"),
+        yaml,
+        &env(&[("OTEL_SDK_DISABLED", "true")]),
+    )
+    .unwrap();
+    assert_eq!(disabled.telemetry.otlp_traces_endpoint, None);
+
+    for bad in ["127.0.0.1:4318", "grpc://collector:4317", "http://"] {
+        let err = load(&format!(
+            "server: {{}}\ntelemetry:\n  otlp_endpoint: \"{bad}\"\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with(&format!(
+                "test.yaml:3: telemetry.otlp_endpoint: `{bad}` is not an http:// or https:// URL"
+            )),
+            "{err}"
+        );
+    }
+    let err = Config::from_yaml(
+        Path::new("test.yaml"),
+        "",
+        &env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4318")]),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.starts_with("test.yaml: environment variable OTEL_EXPORTER_OTLP_ENDPOINT: `collector:4318` is not an http"),
+        "{err}"
+    );
+    let err = load("telemetry:\n  otlp_endpoints: http://x\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("telemetry: unknown field `otlp_endpoints`"),
+        "{err}"
+    );
+}
+
+#[test]
 fn logging_and_the_metrics_listener_are_read_from_the_file_and_the_environment() {
     let config = load("server:\n  metrics_listen: 127.0.0.1:9464\nlogging:\n  format: json\n  level: warn,switchyard=debug\n").unwrap();
     assert_eq!(config.logging.format, LogFormat::Json);

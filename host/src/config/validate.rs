@@ -11,8 +11,8 @@ use super::knobs::{affinity_and_prefill, health_config, key_pool_config, pick};
 use super::{
     Config, ConfigError, DEFAULT_GROUP, DatabaseModelsConfig, DefaultAuth, EdgeConfig,
     HealthCheckConfig, KeyLines, LogFormat, LoggingConfig, ModelConfig, ModelUpstream, PoolKey,
-    RoutingConfig, ServerConfig, StrategiesConfig, UpstreamClientConfig, endpoint_id, interpolate,
-    raw,
+    RoutingConfig, ServerConfig, StrategiesConfig, TelemetryConfig, UpstreamClientConfig,
+    endpoint_id, interpolate, raw,
 };
 
 /// Parses `text` strictly, interpolating `${VAR}` from `env` into scalar values as they are read.
@@ -395,6 +395,8 @@ pub(super) fn validate(
             }
         },
     };
+    let telemetry = telemetry_config(&raw.telemetry, env)
+        .map_err(|(key, message)| invalid(key.to_owned(), message))?;
     let metrics_listen = match env("SWITCHYARD_METRICS_LISTEN") {
         Some(a) => Some(("environment variable SWITCHYARD_METRICS_LISTEN", a)),
         None => raw
@@ -502,6 +504,7 @@ pub(super) fn validate(
             metrics_listen,
         },
         logging,
+        telemetry,
         database_url: raw.database.url,
         strategies: StrategiesConfig {
             dir: s.dir,
@@ -565,6 +568,72 @@ fn check_listen(listen: &str) -> Result<(), String> {
     } else {
         Err(format!("`{listen}` is not a socket address: {hint}"))
     }
+}
+
+/// `telemetry:` with OpenTelemetry's standard variables, which win over the file as the
+/// gateway's own variables do: `OTEL_SDK_DISABLED=true` turns traces off,
+/// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is used as written, `OTEL_EXPORTER_OTLP_ENDPOINT` and
+/// `telemetry.otlp_endpoint` are base URLs that get `/v1/traces` (the OTLP/HTTP convention). An
+/// error names the key or variable.
+fn telemetry_config(
+    raw: &raw::RawTelemetry,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<TelemetryConfig, (&'static str, String)> {
+    let set = |var: &str| {
+        env(var)
+            .map(|v| v.trim().to_owned())
+            .filter(|v| !v.is_empty())
+    };
+    let disabled = set("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true"));
+    let file = raw
+        .otlp_endpoint
+        .as_deref()
+        .map(str::trim)
+        .filter(|v| !v.is_empty());
+    let source = if disabled {
+        None
+    } else if let Some(url) = set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") {
+        Some((
+            "environment variable OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            url,
+            false,
+        ))
+    } else if let Some(url) = set("OTEL_EXPORTER_OTLP_ENDPOINT") {
+        Some((
+            "environment variable OTEL_EXPORTER_OTLP_ENDPOINT",
+            url,
+            true,
+        ))
+    } else {
+        file.map(|url| ("telemetry.otlp_endpoint", url.to_owned(), true))
+    };
+    let otlp_traces_endpoint = match source {
+        None => None,
+        Some((key, url, base)) => {
+            let parsed = url::Url::parse(&url).ok().filter(|u| {
+                matches!(u.scheme(), "http" | "https")
+                    && u.host_str().is_some_and(|h| !h.is_empty())
+            });
+            if parsed.is_none() {
+                return Err((
+                    key,
+                    format!(
+                        "`{}` is not an http:// or https:// URL (an OTLP/HTTP collector, such as http://127.0.0.1:4318)",
+                        mask_url_password(&url)
+                    ),
+                ));
+            }
+            Some(if base {
+                format!("{}/v1/traces", url.trim_end_matches('/'))
+            } else {
+                url
+            })
+        }
+    };
+    Ok(TelemetryConfig {
+        otlp_traces_endpoint,
+        service_name: set("OTEL_SERVICE_NAME").unwrap_or_else(|| "switchyard".to_owned()),
+    })
 }
 
 /// A number of seconds from the config: `None` stays `None`; it must be finite and above 0.

@@ -111,6 +111,10 @@ pub struct Stats {
     pub last_request_id: Option<String>,
     /// Every `x-request-id` received, oldest first (the last 100).
     pub request_ids: Vec<String>,
+    /// The W3C `traceparent` of each chat and embedding request (`null` without one), oldest
+    /// first (the last 100), and the `tracestate` of the last request.
+    pub traceparents: Vec<Option<String>>,
+    pub last_tracestate: Option<String>,
     pub last_path: Option<String>,
     /// Requests per path, including ones answered 404 because of `--protocol`.
     pub paths: BTreeMap<String, u64>,
@@ -292,6 +296,11 @@ fn admit(
         }
         stats.request_ids.push(id);
     }
+    if stats.traceparents.len() >= 100 {
+        stats.traceparents.remove(0);
+    }
+    stats.traceparents.push(header("traceparent"));
+    stats.last_tracestate = header("tracestate");
     let mut behaviour = state.behaviour.lock();
     if let Some(&status) = behaviour.fail_credentials.get(&credential) {
         stats.failed_on_command += 1;

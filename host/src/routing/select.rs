@@ -111,7 +111,8 @@ pub struct Plan {
     /// The key pools' declaration generation this plan was made under: a binding is only made
     /// if no declaration changed meanwhile (else a request in flight would undo a drop).
     pub key_generation: u64,
-    /// The random seed the strategy was given; `None` when no strategy ran (a pin).
+    /// The random seed the strategy was given; `None` when no strategy ran (a pin). The request
+    /// log and the trace name the draw that made this order by it.
     pub seed: Option<u64>,
 }
 

@@ -19,6 +19,7 @@ use crate::routing::select::{self, RequestFacts};
 use crate::routing::table::ModelEntry;
 use crate::store::api_log::ApiLogRow;
 use crate::telemetry::metrics::{self, Operation};
+use crate::telemetry::trace::{RequestTrace, Served};
 use crate::upstream::upstream_dialect;
 
 use super::auth::{self, Principal};
@@ -185,13 +186,29 @@ pub async fn handle(
     };
     let extensions = parts.extensions;
     let headers = parts.headers;
+    let trace = match endpoint {
+        Endpoint::ChatCompletions | Endpoint::Responses | Endpoint::Messages => {
+            RequestTrace::start(&headers, Operation::Chat)
+        }
+        Endpoint::Embeddings => RequestTrace::start(&headers, Operation::Embeddings),
+        Endpoint::CountTokens | Endpoint::Models => RequestTrace::default(),
+    };
     let serve = async {
         match endpoint {
             Endpoint::ChatCompletions | Endpoint::Responses | Endpoint::Messages => {
-                serve_chat(&gateway, dialect, &admission, &extensions, &headers, body).await
+                serve_chat(
+                    &gateway,
+                    dialect,
+                    &admission,
+                    &extensions,
+                    &headers,
+                    body,
+                    &trace,
+                )
+                .await
             }
             Endpoint::Embeddings => {
-                serve_embeddings(&gateway, &admission, &extensions, &headers, &body).await
+                serve_embeddings(&gateway, &admission, &extensions, &headers, &body, &trace).await
             }
             Endpoint::CountTokens => count_tokens(&gateway, &admission, &body),
             Endpoint::Models => {
@@ -204,7 +221,14 @@ pub async fn handle(
         served = serve => served,
         () = gateway.drain.closing() => Err(shutting_down(&gateway)),
     };
-    served.unwrap_or_else(|e| e.response_in(dialect))
+    let response = served.unwrap_or_else(|e| {
+        trace.answered(e.status().as_u16(), Some(e.error_type()));
+        e.response_in(dialect)
+    });
+    if response.status().is_success() {
+        trace.answered(response.status().as_u16(), None);
+    }
+    response
 }
 
 /// The dialect a path's client speaks before an endpoint is known: a path with a `messages`
@@ -439,6 +463,7 @@ async fn serve_chat(
     extensions: &axum::http::Extensions,
     headers: &HeaderMap,
     body: bytes::Bytes,
+    trace: &RequestTrace,
 ) -> Result<Response, GatewayError> {
     let started = Instant::now();
     // The IR is read from the body without a tree of the whole of it, within the configured
@@ -447,6 +472,7 @@ async fn serve_chat(
     let request = dialect
         .parse_request_within(&body, gateway.config.server.request_limits)
         .map_err(|e| GatewayError::InvalidBody(e.to_string()))?;
+    trace.model(&request.model);
     let model = published_model(gateway, &request.model, &admission.principal)?;
     let (caller, pin) = caller_and_pin(gateway, admission, extensions, headers);
     let modalities = request.modalities();
@@ -497,6 +523,7 @@ async fn serve_chat(
         }
     };
     plan.credential = admission.credential();
+    traced_decision(trace, &model, &plan);
     let strategy_error = plan.strategy_error.clone();
     let attempts = AttemptLog::default();
     let base = ApiLogRow {
@@ -512,6 +539,7 @@ async fn serve_chat(
         &inbound,
         plan,
         &attempts,
+        trace,
     )
     .await;
     waiting.answered();
@@ -526,6 +554,8 @@ async fn serve_chat(
             log_request(public, &attribution, started, strategy_error.as_deref());
             let elapsed = started.elapsed();
             let latency_ms = elapsed.as_secs_f64() * 1000.0;
+            trace.served(&served_by(&attribution));
+            trace.usage(prompt_tokens, completion_tokens, Some(elapsed));
             served_metrics(
                 &model,
                 Operation::Chat,
@@ -563,6 +593,9 @@ async fn serve_chat(
             log_request(public, &attribution, started, strategy_error.as_deref());
             // The first event is in hand: that is the client's first token.
             let first_event = started.elapsed();
+            trace.served(&served_by(&attribution));
+            // The span ends with the stream, when the summary task lets go of it.
+            let trace = trace.clone();
             metrics::gateway_overhead(
                 model.id(),
                 dialect.as_str(),
@@ -593,6 +626,7 @@ async fn serve_chat(
                     Some(first_event),
                     s.completion_tokens,
                 );
+                trace.usage(s.prompt_tokens, s.completion_tokens, Some(first_event));
                 if let Some(error) = &s.error {
                     // The client already has a 200; the failure is in the stream.
                     let error_type = if error == "client disconnected" {
@@ -601,6 +635,7 @@ async fn serve_chat(
                         "upstream_stream_failed"
                     };
                     metrics::request_error(error_type, dialect.as_str(), 200);
+                    trace.stream_ended(Some(error_type));
                 }
                 // The relay told the attempt's ledger how it ended before it sent the summary.
                 let row = ApiLogRow {
@@ -648,6 +683,29 @@ async fn serve_chat(
             );
             Err(err)
         }
+    }
+}
+
+/// The routing decision, on the request's span.
+fn traced_decision(trace: &RequestTrace, model: &ModelEntry, plan: &select::Plan) {
+    let upstreams = model.upstreams();
+    let strategy = &model.router.strategy;
+    trace.decision(
+        &strategy.name,
+        &strategy.version,
+        plan.order
+            .iter()
+            .filter_map(|&p| upstreams.get(p))
+            .map(|u| u.endpoint_id.as_str()),
+        plan.seed,
+    );
+}
+
+/// Who served, for the request's span.
+fn served_by(attribution: &Attribution) -> Served<'_> {
+    Served {
+        endpoint: &attribution.endpoint_id,
+        attempts: attribution.failed_attempts.len() + 1,
     }
 }
 
@@ -809,10 +867,12 @@ async fn serve_embeddings(
     extensions: &axum::http::Extensions,
     headers: &HeaderMap,
     body: &[u8],
+    trace: &RequestTrace,
 ) -> Result<Response, GatewayError> {
     let started = Instant::now();
     let (model_name, chars) = protocol::parse_embeddings_request(body)
         .map_err(|e| GatewayError::InvalidBody(e.to_string()))?;
+    trace.model(&model_name);
     let raw = json_object(body)?;
     let model = published_model(gateway, &model_name, &admission.principal)?;
     let (caller, pin) = caller_and_pin(gateway, admission, extensions, headers);
@@ -857,6 +917,7 @@ async fn serve_embeddings(
         }
     };
     plan.credential = admission.credential();
+    traced_decision(trace, &model, &plan);
     let attempts = AttemptLog::default();
     let base = ApiLogRow {
         decision: serde_json::to_string(&plan.decision(&model)).ok(),
@@ -870,6 +931,7 @@ async fn serve_embeddings(
         &raw,
         plan,
         &attempts,
+        trace,
     )
     .await;
     waiting.answered();
@@ -877,6 +939,7 @@ async fn serve_embeddings(
         Ok((body, attribution)) => {
             log_request(&model_name, &attribution, started, None);
             let elapsed = started.elapsed();
+            trace.served(&served_by(&attribution));
             served_metrics(
                 &model,
                 Operation::Embeddings,

@@ -89,6 +89,9 @@ pub mod names {
     /// Counter, USD: what attempts cost at their upstream's `pricing`. Only ever grows, but is
     /// exported as a gauge: the recorder's counters count whole numbers.
     pub const COST_USD: &str = "switchyard_cost_usd_total";
+    /// Counter: spans the trace exporter handled, by `outcome` exported, failed (the collector
+    /// refused them or did not answer in time), dropped (the export queue was full).
+    pub const TRACE_SPANS: &str = "switchyard_trace_spans_total";
     /// Gauge: database configuration versions the served snapshot is behind.
     pub const CONFIG_SYNC_VERSIONS_BEHIND: &str = "switchyard_config_sync_versions_behind";
     /// Gauge, seconds: since the served configuration snapshot was last loaded.
@@ -126,6 +129,7 @@ pub mod names {
         RATE_LIMITED,
         REQUEST_LOG_ROWS,
         COST_USD,
+        TRACE_SPANS,
         CONFIG_SYNC_VERSIONS_BEHIND,
         CONFIG_SYNC_AGE,
         CONFIG_SYNC_FAILURES,
@@ -280,6 +284,7 @@ fn describe() {
         "Requests refused by a rate limit, by route and limit"
     );
     describe_counter!(REQUEST_LOG_ROWS, "Request-log rows, by outcome");
+    describe_counter!(TRACE_SPANS, "Spans the trace exporter handled, by outcome");
     describe_gauge!(
         COST_USD,
         "USD spent on upstream attempts at their pricing (a counter: it only grows)"
@@ -721,6 +726,11 @@ impl<V> Series<V> {
     fn len(&self) -> usize {
         self.by_values.read().len()
     }
+}
+
+/// Spans the trace exporter handled: `exported`, `failed` or `dropped` (queue full).
+pub fn trace_spans(outcome: &'static str, n: u64) {
+    counter!(TRACE_SPANS, "outcome" => outcome).increment(n);
 }
 
 /// Scrape-time gauges and counters mirrored from live state.

@@ -3,9 +3,9 @@
 //! every answer (header, and in the error object's body), sent upstream, and carried by the
 //! request's tracing span and its request-log row.
 //!
-//! The id lives in a task-local for the duration of the request's handler: the upstream client
-//! and the error renderer read it from there instead of every stage passing it down. A future
-//! span-per-attempt (OpenTelemetry) can read it the same way.
+//! The id lives in a task-local for the duration of the request's handler: the upstream client,
+//! the error renderer and the request's trace read it from there instead of every stage passing
+//! it down.
 
 use std::sync::Arc;
 
@@ -87,6 +87,10 @@ pub async fn middleware(mut request: Request, next: Next) -> Response {
         request_id = %id,
         method = %request.method(),
         path = %request.uri().path(),
+        // Filled when the request is traced (`trace::RequestTrace::model`): the log lines can
+        // then be joined with the exported trace.
+        trace_id = tracing::field::Empty,
+        span_id = tracing::field::Empty,
     );
     let mut response = CURRENT
         .scope(id.clone(), next.run(request))

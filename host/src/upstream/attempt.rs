@@ -11,6 +11,7 @@ use crate::protocol::inbound::Inbound;
 use crate::protocol::ir;
 use crate::protocol::rename::ModelRename;
 use crate::protocol::{Dialect, sse};
+use crate::telemetry::trace::TraceHeaders;
 
 use super::client::describe;
 use super::redact::Redactor;
@@ -44,6 +45,8 @@ pub struct AttemptEnd<'a> {
     pub latency_ms: f64,
     /// What the upstream reported (zero when it reported nothing).
     pub usage: ir::Usage,
+    /// The model the upstream said answered (whole answers; a stream's is not read).
+    pub response_model: Option<&'a str>,
 }
 
 /// A chat attempt that succeeded, in the client's dialect.
@@ -63,6 +66,8 @@ pub struct Attempt<'a> {
     upstream: &'a ModelUpstream,
     /// A pass-through route's client key, used instead of the upstream's own.
     credential: Option<&'a str>,
+    /// The trace context sent upstream (`traceparent`, `tracestate`), if any.
+    trace: Option<TraceHeaders>,
     started: Instant,
 }
 
@@ -76,8 +81,15 @@ impl<'a> Attempt<'a> {
             client,
             upstream,
             credential,
+            trace: None,
             started: Instant::now(),
         }
+    }
+
+    /// Sends `trace` (the attempt span's context, or the client's) with the request.
+    pub fn with_trace(mut self, trace: Option<TraceHeaders>) -> Self {
+        self.trace = trace;
+        self
     }
 
     fn elapsed_ms(&self) -> f64 {
@@ -85,7 +97,7 @@ impl<'a> Attempt<'a> {
     }
 
     /// Reports a whole answer as the attempt's end: its first token is the whole of it.
-    fn answered(&self, sink: &mut impl AttemptSink, usage: ir::Usage) {
+    fn answered(&self, sink: &mut impl AttemptSink, usage: ir::Usage, model: Option<&str>) {
         let latency_ms = self.elapsed_ms();
         sink.end(AttemptEnd {
             outcome: Ok(()),
@@ -93,6 +105,7 @@ impl<'a> Attempt<'a> {
             ttft_ms: Some(latency_ms),
             latency_ms,
             usage,
+            response_model: model,
         });
     }
 
@@ -115,6 +128,7 @@ impl<'a> Attempt<'a> {
             ttft_ms: None,
             latency_ms: self.elapsed_ms(),
             usage: ir::Usage::default(),
+            response_model: None,
         });
         e
     }
@@ -130,7 +144,7 @@ impl<'a> Attempt<'a> {
         let dialect = upstream_dialect(self.upstream.kind);
         let (url, auth) = endpoint(self.upstream, dialect, self.credential);
         let body = chat_body(inbound, self.upstream, dialect);
-        let sent = self.client.post_json(&url, auth, body);
+        let sent = self.client.post_json(&url, auth, body, self.trace.as_ref());
         if inbound.request.stream {
             // The first-token deadline runs from dispatch, so it bounds the headers too.
             let deadlines = self
@@ -155,21 +169,22 @@ impl<'a> Attempt<'a> {
             Err(e) => return Err(self.failed(&mut sink, e)),
         };
         match self.complete(response, dialect, inbound).await {
-            Ok((body, usage)) => {
-                self.answered(&mut sink, usage);
+            Ok((body, usage, model)) => {
+                self.answered(&mut sink, usage, Some(&model));
                 Ok(ChatAnswer::Complete { body, usage })
             }
             Err(e) => Err(self.failed(&mut sink, e)),
         }
     }
 
-    /// Reads and checks a whole answer, and puts it in the client's dialect.
+    /// Reads and checks a whole answer, and puts it in the client's dialect; with its usage and
+    /// the model the upstream named.
     async fn complete(
         &self,
         response: reqwest::Response,
         dialect: Dialect,
         inbound: &Inbound,
-    ) -> Result<(Bytes, ir::Usage), AttemptError> {
+    ) -> Result<(Bytes, ir::Usage, String), AttemptError> {
         let body = self.client.read_body(response).await?;
         let parsed = dialect
             .parse_response(&body)
@@ -187,7 +202,7 @@ impl<'a> Attempt<'a> {
                     .build_response(&parsed, &inbound.request.model),
             )
         };
-        Ok((body, parsed.usage))
+        Ok((body, parsed.usage, parsed.model))
     }
 
     /// Holds the stream until its commit point (see [`StreamRelay::open`]); a failure before it
@@ -245,7 +260,12 @@ impl<'a> Attempt<'a> {
             super::UpstreamAuth::Bearer(self.credential.or(self.upstream.api_key.as_deref()));
         let sent = self
             .client
-            .post_json(&url, auth, embeddings_body(body, self.upstream))
+            .post_json(
+                &url,
+                auth,
+                embeddings_body(body, self.upstream),
+                self.trace.as_ref(),
+            )
             .await;
         let result = match sent {
             Ok(response) => self.client.read_body(response).await.and_then(|b| {
@@ -259,7 +279,7 @@ impl<'a> Attempt<'a> {
         };
         match result {
             Ok(bytes) => {
-                self.answered(&mut sink, ir::Usage::default());
+                self.answered(&mut sink, ir::Usage::default(), None);
                 Ok(rename_model(
                     bytes,
                     &self.upstream.provider_model_id,

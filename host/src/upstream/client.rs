@@ -80,12 +80,13 @@ impl UpstreamClient {
     }
 
     /// POSTs a JSON body and waits for the response headers. A non-2xx answer is an error carrying
-    /// the start of its body.
+    /// the start of its body. `trace` is the W3C trace context to send, if any.
     pub async fn post_json(
         &self,
         url: &str,
         auth: UpstreamAuth<'_>,
         body: Vec<u8>,
+        trace: Option<&crate::telemetry::trace::TraceHeaders>,
     ) -> Result<reqwest::Response, AttemptError> {
         let request = match self.parsed(url) {
             Some(parsed) => self.http.post(parsed),
@@ -99,6 +100,9 @@ impl UpstreamClient {
             crate::telemetry::request_id::current().and_then(|id| id.header_value())
         {
             request = request.header(crate::telemetry::request_id::HEADER, value);
+        }
+        for (name, value) in trace.into_iter().flat_map(|t| t.iter()) {
+            request = request.header(name, value);
         }
         match auth {
             UpstreamAuth::Bearer(Some(key)) => request = request.bearer_auth(key),

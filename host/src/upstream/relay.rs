@@ -207,6 +207,7 @@ impl<S: AttemptSink> StreamRelay<S> {
             ttft_ms: None,
             latency_ms: self.started.elapsed().as_secs_f64() * 1000.0,
             usage: self.usage,
+            response_model: None,
         });
         Err(e)
     }
@@ -349,6 +350,7 @@ impl<S: AttemptSink> StreamRelay<S> {
             ttft_ms: self.first_token,
             latency_ms,
             usage: self.usage,
+            response_model: None,
         });
         if let Some(tx) = self.summary.take() {
             let _ = tx.send(StreamSummary {

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use crate::config::ModelUpstream;
 use crate::protocol::inbound::Inbound;
+use crate::telemetry::trace::{AttemptFacts, RequestTrace};
 use crate::upstream::{Attempt, AttemptError, ChatAnswer, UpstreamClient};
 
 use super::super::RoutingContext;
@@ -59,7 +60,9 @@ impl Call for EmbeddingsCall<'_> {
 }
 
 /// Tries the plan's upstreams in order for a chat request in any dialect, hedging when the
-/// strategy asked for it. Every attempt is written to `log`.
+/// strategy asked for it. Every attempt is written to `log` and is a child span of `trace`.
+// The request log and the trace are two witnesses the handler keeps after dispatch returns.
+#[allow(clippy::too_many_arguments)]
 pub async fn chat(
     client: &UpstreamClient,
     ctx: &RoutingContext,
@@ -68,9 +71,11 @@ pub async fn chat(
     inbound: &Inbound,
     plan: Plan,
     log: &AttemptLog,
+    trace: &RequestTrace,
 ) -> Result<Answer, DispatchError> {
     let dispatch = Dispatch {
         client,
+        trace,
         call: ChatCall(inbound),
         ledger: RequestLedger {
             ctx,
@@ -108,6 +113,7 @@ pub async fn embeddings(
     body: &serde_json::Map<String, serde_json::Value>,
     plan: Plan,
     log: &AttemptLog,
+    trace: &RequestTrace,
 ) -> Result<(bytes::Bytes, Attribution), DispatchError> {
     let public_model = body
         .get("model")
@@ -115,6 +121,7 @@ pub async fn embeddings(
         .unwrap_or_default();
     let dispatch = Dispatch {
         client,
+        trace,
         call: EmbeddingsCall { body, public_model },
         ledger: RequestLedger {
             ctx,
@@ -132,6 +139,8 @@ pub async fn embeddings(
 /// One request's dispatch: the call it makes and the ledger that books it.
 pub(super) struct Dispatch<'a, C> {
     client: &'a UpstreamClient,
+    /// The request's trace: each attempt opens a child span in it.
+    trace: &'a RequestTrace,
     call: C,
     pub(super) ledger: RequestLedger<'a>,
 }
@@ -147,8 +156,8 @@ pub(super) struct Step<T> {
 }
 
 impl<C: Call> Dispatch<'_, C> {
-    /// Sends one attempt to the upstream at `position`, booked by a ledger of its own; `hedge`:
-    /// it is a latency hedge's backup.
+    /// Sends one attempt to the upstream at `position` (a hedge's backup when `hedge`), booked
+    /// by a ledger of its own and traced by a span of its own.
     pub(super) async fn attempt(
         &self,
         position: usize,
@@ -156,9 +165,17 @@ impl<C: Call> Dispatch<'_, C> {
         hedge: bool,
     ) -> Result<C::Answer, AttemptError> {
         let upstream = &self.ledger.model.upstreams()[position];
-        let ledger = self.ledger.open(position, upstream, ticket, hedge);
+        let trace = self.trace.attempt(&AttemptFacts {
+            endpoint: &upstream.endpoint_id,
+            kind: upstream.kind.as_str(),
+            model: &upstream.provider_model_id,
+            base_url: &upstream.base_url,
+            hedge,
+        });
+        let trace_headers = trace.headers().cloned();
+        let ledger = self.ledger.open(position, upstream, ticket, hedge, trace);
         let credential = self.ledger.plan.credential.as_deref();
-        let attempt = Attempt::new(self.client, upstream, credential);
+        let attempt = Attempt::new(self.client, upstream, credential).with_trace(trace_headers);
         self.call.send(attempt, ledger).await
     }
 

@@ -11,6 +11,7 @@ use crate::config::ModelUpstream;
 use crate::protocol::ir;
 use crate::strategy::{ModelRouter, Observation};
 use crate::telemetry::metrics as telemetry;
+use crate::telemetry::trace::{AttemptOutcome, AttemptTrace};
 use crate::upstream::{AttemptEnd, AttemptError, AttemptSink};
 
 use super::super::RoutingContext;
@@ -41,13 +42,15 @@ pub(super) struct RequestLedger<'a> {
 impl RequestLedger<'_> {
     /// Opens the books of an attempt at the upstream at `position` of the model's list, admitted
     /// with `ticket`: counts it in flight and against the local quota and, for chat, takes its
-    /// prefill lease. `hedge`: the backup of a latency hedge.
+    /// prefill lease. `hedge`: the backup of a latency hedge; `trace` is the attempt's span,
+    /// ended with the attempt.
     pub fn open(
         &self,
         position: usize,
         upstream: &ModelUpstream,
         ticket: Ticket,
         hedge: bool,
+        trace: AttemptTrace,
     ) -> AttemptLedger {
         let ctx = self.ctx;
         let in_flight = ctx.inflight.enter(&upstream.endpoint_id);
@@ -76,6 +79,7 @@ impl RequestLedger<'_> {
             strategy_metadata: self.chat.then(|| self.plan.strategy_metadata.clone()),
             log_slot: Some(self.log.open(position, upstream, hedge)),
             log: self.log.clone(),
+            trace,
             _in_flight: in_flight,
         }
     }
@@ -135,6 +139,8 @@ pub(super) struct AttemptLedger {
     /// The attempt's entry in the request's attempt log; `None` once it ended.
     log_slot: Option<usize>,
     log: AttemptLog,
+    /// The attempt's span (a no-op when tracing is off).
+    trace: AttemptTrace,
     /// Counts the attempt in flight until it is dropped: with the relay, for a stream.
     _in_flight: InFlightGuard,
 }
@@ -192,6 +198,16 @@ impl AttemptSink for AttemptLedger {
     }
 
     fn end(&mut self, end: AttemptEnd<'_>) {
+        self.trace.end(&AttemptOutcome {
+            status: end.status,
+            error_type: end.outcome.err().map(AttemptError::error_type),
+            time_to_first_token: end
+                .ttft_ms
+                .map(|ms| std::time::Duration::from_secs_f64(ms.max(0.0) / 1000.0)),
+            input_tokens: end.usage.input_tokens,
+            output_tokens: end.usage.output_tokens,
+            response_model: end.response_model,
+        });
         let health_pending = std::mem::take(&mut self.health_pending);
         let strategy_metadata = self.strategy_metadata.take();
         let log_slot = self.log_slot.take();
