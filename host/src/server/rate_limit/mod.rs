@@ -200,6 +200,16 @@ pub struct Admitted {
     pub headers: RateHeaders,
 }
 
+impl std::fmt::Debug for Admitted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admitted")
+            .field("charges", &self.charges)
+            .field("estimate", &self.estimate)
+            .field("headers", &self.headers)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Admitted {
     /// The answer ended: `prompt_tokens` and `completion_tokens` are the upstream's usage (0
     /// where it reported none: an unreported prompt keeps its estimate). Charges or refunds the
