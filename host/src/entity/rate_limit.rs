@@ -194,11 +194,12 @@ mod tests {
         assert!(ok.limits[1].per_model);
 
         let field = |v: serde_json::Value| RateLimitConfig::from_value(&v).unwrap_err();
+        // An unknown key is named by its own path.
         let e = field(json!({"rpm": 60}));
-        assert_eq!(e.field, "config", "{e}");
+        assert_eq!(e.field, "config.rpm", "{e}");
         assert!(e.message.contains("unknown field `rpm`"), "{e}");
         let e = field(json!({"limits": [{"scope": "consumer", "requests_per_minut": 1}]}));
-        assert_eq!(e.field, "config.limits[0]", "{e}");
+        assert_eq!(e.field, "config.limits[0].requests_per_minut", "{e}");
         assert!(
             e.message.contains("unknown field `requests_per_minut`"),
             "{e}"

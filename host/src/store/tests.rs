@@ -326,7 +326,7 @@ async fn plugin_configs(db: &TestDb) {
     assert_invalid(
         s.update_plugin_config(&r.id, &limit.id, patch(json!({"config": {"rpm": 60}})))
             .await,
-        "config",
+        "config.rpm",
     );
     assert_invalid(
         s.create_plugin_config(&r.id, new("has space", json!({})))

@@ -202,7 +202,11 @@ pub struct Admitted {
 
 impl std::fmt::Debug for Admitted {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Admitted").finish_non_exhaustive()
+        f.debug_struct("Admitted")
+            .field("charges", &self.charges)
+            .field("estimate", &self.estimate)
+            .field("headers", &self.headers)
+            .finish_non_exhaustive()
     }
 }
 
