@@ -67,7 +67,7 @@ fn free_port() -> u16 {
 }
 
 /// The WebDriver key that holds an element's reference in the protocol's answers.
-const ELEMENT: &str = "element-6066-11e4-a5fb-4dc8f9bfb77d";
+const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
 
 /// A headless Chromium session behind its own `chromedriver`. The driver runs in a process group
 /// of its own, so dropping the session ends the driver and every browser process it started.
@@ -271,9 +271,12 @@ impl Browser {
 impl Drop for Browser {
     fn drop(&mut self) {
         // Ends the driver and the browser it started (same process group; see `start`).
-        let _ = Command::new("kill")
-            .args(["-KILL", &format!("-{}", self.driver.id())])
-            .status();
+        let group = i32::try_from(self.driver.id())
+            .ok()
+            .and_then(rustix::process::Pid::from_raw);
+        if let Some(group) = group {
+            let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+        }
         let _ = self.driver.wait();
         if std::thread::panicking() {
             let log = std::fs::read_to_string(self.log.path()).unwrap_or_default();
@@ -534,6 +537,15 @@ async fn the_dashboard_shows_models_endpoints_and_requests_to_an_admin_only() {
             )
             .await;
     }
+    // Rates need two /metrics polls: wait for the second, so the picture shows them.
+    browser
+        .wait_for(
+            "live attempt rates",
+            &format!(
+                "const c = document.querySelector('#endpoints tr[data-endpoint=\"{a_id}\"] td:nth-child(7)'); return c && /^[0-9]/.test(c.innerText)"
+            ),
+        )
+        .await;
     let shot = browser.screenshot().await;
     assert!(shot.starts_with(b"\x89PNG"), "a PNG screenshot");
     std::fs::write(target_dir().join("dashboard.png"), &shot).expect("write the screenshot");
