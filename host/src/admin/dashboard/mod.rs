@@ -112,7 +112,7 @@ mod tests {
         app.call(request).await.unwrap()
     }
 
-    fn header<'a>(response: &'a Response, name: header::HeaderName) -> &'a str {
+    fn header(response: &Response, name: header::HeaderName) -> &str {
         response
             .headers()
             .get(name)
