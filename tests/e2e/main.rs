@@ -11,6 +11,7 @@ mod harness;
 
 mod affinity;
 mod config_errors;
+mod dashboard;
 mod database_health;
 mod deploy;
 mod edge;

@@ -99,6 +99,7 @@ fn ci() -> Result<()> {
     ensure_wasm_target()?;
     ensure_postgres()?;
     ensure_prometheus()?;
+    ensure_chromium()?;
     run_cargo(&["fmt", "--all", "--check"], "format check")?;
     run_cargo(
         &[
@@ -245,6 +246,52 @@ fn deploy_manifests() -> Result<()> {
         .context("running deploy/check.py --write")?;
     if !status.success() {
         bail!("deploy/check.py --write failed ({status})");
+    }
+    Ok(())
+}
+
+/// The dashboard test drives Debian's `chromium` through `chromedriver` (package
+/// `chromium-driver`); install both when either is missing. The test installs them too, and fails
+/// when it cannot.
+fn ensure_chromium() -> Result<()> {
+    let works = |program: &str| {
+        Command::new(program)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let installed = || works("chromium") && works("chromedriver");
+    if installed() {
+        return Ok(());
+    }
+    eprintln!(
+        "==> installing Chromium (apt-get install -y chromium chromium-driver) for the dashboard test"
+    );
+    let install = [
+        "install",
+        "-y",
+        "-qq",
+        "--no-install-recommends",
+        "chromium",
+        "chromium-driver",
+    ];
+    let apt = |args: &[&str]| {
+        Command::new("apt-get")
+            .args(args)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !apt(&install) {
+        apt(&["update", "-qq"]);
+        apt(&install);
+    }
+    if !installed() {
+        bail!(
+            "`apt-get install -y chromium chromium-driver` did not install Chromium and its driver; the dashboard test needs them"
+        );
     }
     Ok(())
 }

@@ -8,6 +8,8 @@
 //!   and in every other one sharing the database.
 //! - runtime routing changes ([`weights`]): weight overrides and provider disables, in memory.
 //! - the operator views `GET /routing` and `GET /health/deep` ([`views`]).
+//! - the operator dashboard `GET /ui/` ([`dashboard`]): static files that call the views above
+//!   with the admin token the operator types in.
 //!
 //! Who may call: one rule, stated in [`auth`] and applied by its [`auth::AdminCaller`] extractor.
 //! Bodies are JSON; bad input is a 422 whose `param` is the path of the field at fault, unknown ids
@@ -17,6 +19,7 @@
 
 pub mod auth;
 mod consumers;
+pub mod dashboard;
 pub mod error;
 pub mod logs;
 mod provider_keys;
@@ -61,6 +64,7 @@ pub fn router() -> Router<Arc<Gateway>> {
             "/admin/routing/providers/{target}/{action}",
             post(weights::set_provider),
         )
+        .merge(dashboard::router())
 }
 
 /// The management API: the routes its OpenAPI document ([`ApiDoc`]) describes.
