@@ -534,10 +534,10 @@ impl opentelemetry_http::HttpClient for ExportClient {
             .http
             .request(parts.method, parts.uri.to_string())
             .headers(parts.headers)
-            .body(body)
-            .send();
+            .body(body);
+        // `send` starts the request's timer, which needs the runtime: it runs inside the task.
         let answer = async move {
-            let mut response = sent.await?;
+            let mut response = sent.send().await?;
             let status = response.status();
             let mut body = Vec::new();
             while let Some(chunk) = response.chunk().await? {
@@ -551,7 +551,7 @@ impl opentelemetry_http::HttpClient for ExportClient {
         };
         let task = self
             .runtime
-            .spawn(tokio::time::timeout(EXPORT_TIMEOUT, answer));
+            .spawn(async move { tokio::time::timeout(EXPORT_TIMEOUT, answer).await });
         let (status, body) = match task.await {
             Ok(Ok(answer)) => answer?,
             Ok(Err(_)) => {
