@@ -17,54 +17,13 @@ use std::sync::OnceLock;
 
 use serde_json::Value;
 
-use crate::harness::{binary, component, target_dir};
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+use crate::harness::{binary, component, python_venv, repo};
 
 /// A virtualenv with deploy/requirements.txt, rebuilt when that file changes (the layout
 /// `cargo xtask deploy-manifests` uses too).
 fn deploy_python() -> &'static Path {
     static PYTHON: OnceLock<PathBuf> = OnceLock::new();
-    PYTHON.get_or_init(|| {
-        let requirements = repo().join("deploy/requirements.txt");
-        let wanted = std::fs::read_to_string(&requirements).expect("deploy/requirements.txt");
-        let venv = target_dir().join("deploy-venv");
-        let marker = venv.join("requirements.installed");
-        let python = venv.join("bin/python");
-        if std::fs::read_to_string(&marker).ok().as_deref() == Some(wanted.as_str())
-            && python.exists()
-        {
-            return python;
-        }
-        let _ = std::fs::remove_dir_all(&venv);
-        let status = Command::new("python3")
-            .args(["-m", "venv"])
-            .arg(&venv)
-            .status()
-            .expect("python3 is needed for the deploy checks");
-        assert!(status.success(), "creating the virtualenv failed");
-        let status = Command::new(&python)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "-r",
-            ])
-            .arg(&requirements)
-            .status()
-            .expect("pip");
-        assert!(
-            status.success(),
-            "installing {} failed",
-            requirements.display()
-        );
-        std::fs::write(&marker, wanted).expect("marker");
-        python
-    })
+    PYTHON.get_or_init(|| python_venv("deploy-venv", "deploy/requirements.txt"))
 }
 
 fn text(output: &Output) -> String {
