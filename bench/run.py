@@ -55,7 +55,9 @@ TTFB_REQUESTS = 200 if QUICK else 1000
 IDLE_STREAMS = 10_000
 COMPLETION_TOKENS = 16
 PORTS = {"mock": 19101, "nginx": 19102, "switchyard": 19103, "slow_mock": 19104, "switchyard_per_core": 19105,
-         "switchyard_idle": 19106}
+         "switchyard_idle": 19106, "switchyard_fleet": 19107}
+# The fleet gateway's Redis (its rate-limit counters live there): the machine's, started when silent.
+REDIS_URL = "redis://127.0.0.1:6379"
 # The CPU cost of idle client connections (issue #15): keep-alive connections after one request.
 IDLE_CONNECTIONS = 10_000
 IDLE_WINDOW_S = 10 if QUICK else 30
@@ -106,6 +108,10 @@ def ensure_tools():
     if missing:
         sh("apt-get", "update", "-qq")
         sh("apt-get", "install", "-y", "-qq", *missing)
+    ping = ["redis-cli", "-h", "127.0.0.1", "-p", "6379", "ping"]
+    if subprocess.run(ping, capture_output=True).returncode != 0:
+        sh("redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "--port", "6379", "--save", "")
+        time.sleep(0.5)
 
 
 def raise_fd_limit():
@@ -357,7 +363,7 @@ http {{
 """
 
 
-def gateway_config(work, db="bench.db"):
+def gateway_config(work, db="bench.db", fleet=False):
     upstream = f"http://127.0.0.1:{PORTS['mock']}/v1"
     models = ""
     for name in STRATEGIES:
@@ -383,7 +389,10 @@ def gateway_config(work, db="bench.db"):
               "    plugins:\n      rate-limit:\n        limits:\n          - scope: consumer\n"
               f"            requests_per_minute: {never}\n            tokens_per_minute: {never}\n"
               f"            concurrent_requests: {never}\n")
-    return f"database:\n  url: sqlite://{work}/{db}\n{routes}models:\n{models}"
+    # The fleet gateway keeps the same limits in Redis (one limit for every replica).
+    fleet_section = (f"fleet:\n  redis_url: {REDIS_URL}\n  key_prefix: bench-{os.getpid()}\n"
+                     "  deadline_ms: 50\n") if fleet else ""
+    return f"database:\n  url: sqlite://{work}/{db}\n{fleet_section}{routes}models:\n{models}"
 
 
 def main():
@@ -431,6 +440,13 @@ def main():
                                        stdout=subprocess.DEVNULL, env=env)
         procs.append(gw_per_core)
         wait_http(f"http://127.0.0.1:{PORTS['switchyard_per_core']}/health")
+        # A one-replica fleet: the same limits, decided in Redis (a Lua script per request).
+        (work / "bench-fleet.yaml").write_text(gateway_config(work, "bench-fleet.db", fleet=True))
+        gw_fleet = subprocess.Popen([binary, "serve", "--config", str(work / "bench-fleet.yaml"),
+                                     "--listen", f"127.0.0.1:{PORTS['switchyard_fleet']}"],
+                                    stdout=subprocess.DEVNULL, env=dict(env, SWITCHYARD_WORKER_THREADS=GATEWAY_THREADS))
+        procs.append(gw_fleet)
+        wait_http(f"http://127.0.0.1:{PORTS['switchyard_fleet']}/health")
         gw_url = f"http://127.0.0.1:{PORTS['switchyard']}"
         wait_http(gw_url + "/health")
         time.sleep(1)
@@ -443,7 +459,10 @@ def main():
             ("nginx", f"http://127.0.0.1:{PORTS['nginx']}", "sim", nginx_workers),
         ] + [(f"switchyard {s}", gw_url, f"bench-{s}", [gw.pid]) for s in STRATEGIES] + [
             # The same as `switchyard fixed` through a route with a rate-limit plugin that never refuses.
-            ("switchyard fixed, rate-limited", gw_url + "/limited", "bench-fixed", [gw.pid])]
+            ("switchyard fixed, rate-limited", gw_url + "/limited", "bench-fixed", [gw.pid]),
+            # The same limits in Redis; the gateway's CPU only (Redis's own is not counted).
+            ("switchyard fixed, rate-limited in Redis", f"http://127.0.0.1:{PORTS['switchyard_fleet']}/limited",
+             "bench-fixed", [gw_fleet.pid])]
         runs = [(mode, *t) for mode in ("json", "stream") for t in targets]
         runs.insert(len(targets), ("json", "switchyard fixed, thread per core",
                                    f"http://127.0.0.1:{PORTS['switchyard_per_core']}", "bench-fixed",

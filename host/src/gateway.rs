@@ -26,6 +26,9 @@ use crate::upstream::UpstreamClient;
 /// Why the gateway cannot be assembled.
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
+    /// `fleet.redis_url` cannot be used.
+    #[error(transparent)]
+    Fleet(#[from] crate::fleet::FleetError),
     /// The wasm engine could not be created.
     #[error(transparent)]
     Engine(#[from] StrategyError),
@@ -116,8 +119,11 @@ pub struct Gateway {
     pub api_log: Option<ApiLog>,
     /// Shutdown state: `/health` and in-flight streams watch it.
     pub drain: Arc<crate::server::listener::Drain>,
-    /// The counters of the `rate-limit` plugin (per process until a shared store is plugged in).
+    /// The counters of the `rate-limit` plugin: the fleet's (Redis) with `fleet:`, else this
+    /// process's own.
     pub limits: Arc<dyn crate::server::rate_limit::LimitStore>,
+    /// The fleet this replica belongs to (`fleet:`); `None`: its routing state is its own.
+    pub fleet: Option<Arc<crate::fleet::Fleet>>,
 }
 
 impl Gateway {
@@ -132,29 +138,41 @@ impl Gateway {
         let inbound_routes = RouteSet::build(&config, &snapshot);
         let extension: Arc<dyn extension::Extension> =
             Arc::new(crate::routewise::RouteWiseHost::new());
+        let mut routing_context = RoutingContext::new(&config);
+        routing_context.attempts = extension.clone();
+        routing_context
+            .keys
+            .update_declarations(routing.table.models().flat_map(|m| m.upstreams().iter()));
+        let fleet = match &config.fleet {
+            Some(fleet) => Some(crate::fleet::Fleet::join(
+                fleet.clone(),
+                &mut routing_context,
+            )?),
+            None => None,
+        };
+        let mut table = routing.table;
+        table.set_key_generation(routing_context.keys.generation());
         Ok(Gateway {
             inbound_routes: RwLock::new(Arc::new(inbound_routes)),
             snapshot: RwLock::new(snapshot),
             rebuild_problems: Mutex::new(Vec::new()),
-            routing: {
-                let mut ctx = RoutingContext::new(&config);
-                ctx.attempts = extension.clone();
-                ctx.keys
-                    .update_declarations(routing.table.models().flat_map(|m| m.upstreams().iter()));
-                ctx
-            },
+            routing: routing_context,
             extension,
             overrides: Mutex::new(Overrides::default()),
             unhealthy_origins: Mutex::new(HashSet::new()),
             rebuild: tokio::sync::Mutex::new(()),
             routing_engine: routing.engine,
             catalog: routing.catalog,
-            table: RwLock::new(Arc::new(routing.table)),
+            table: RwLock::new(Arc::new(table)),
             upstreams,
             store,
             api_log,
             drain: Arc::default(),
-            limits: Arc::new(crate::server::rate_limit::InProcessLimits::default()),
+            limits: match &fleet {
+                Some(fleet) => Arc::new(crate::fleet::limits::FleetLimits::new(fleet.clone())),
+                None => Arc::new(crate::server::rate_limit::InProcessLimits::default()),
+            },
+            fleet,
             config,
         })
     }
@@ -212,6 +230,7 @@ impl Gateway {
                 *last = problems;
             }
         }
+        let mut table = table;
         let dropped = self
             .routing
             .keys
@@ -219,6 +238,8 @@ impl Gateway {
         if dropped > 0 {
             tracing::info!("key pool declarations changed: {dropped} key bindings dropped");
         }
+        // After the bump: requests holding the old table carry the old generation and bind nothing.
+        table.set_key_generation(self.routing.keys.generation());
         *self.table.write() = Arc::new(table);
         // New RouteWise routers start from the request log when their params ask for it.
         self.extension

@@ -7,7 +7,8 @@
 //! the store keeps and the other modules use; [`config`] loads the YAML; [`admin`] is the
 //! operator's API; [`routewise`] is the host's side of the RouteWise strategy, plugged into the
 //! gateway through one hook ([`gateway::extension`]); [`mock`] is the simulated upstream used by
-//! demos, tests and benchmarks; [`telemetry`] (metrics, request ids, log format) sits below the
+//! demos, tests and benchmarks; [`fleet`] shares routing's state with the other replicas over
+//! Redis; [`telemetry`] (metrics, request ids, log format) sits below the
 //! pipeline and any stage may report to it.
 #![forbid(unsafe_code)]
 
@@ -15,6 +16,7 @@ pub mod admin;
 pub mod clock;
 pub mod config;
 pub mod entity;
+pub mod fleet;
 pub mod gateway;
 pub mod inbound_routes;
 pub mod mock;

@@ -246,8 +246,11 @@ async fn serve(
         telemetry::metrics::install().context("installing the metrics recorder")?;
         telemetry::metrics::spawn_upkeep();
     }
-    // Stateful providers (routewise::quota): one process only, no quota-only model uncalibrated.
-    quota::replica_guard(&config.models, &|var| std::env::var(var).ok())?;
+    // Stateful providers (routewise::quota): one process only unless a fleet shares their
+    // accounting; no quota-only model uncalibrated.
+    if config.fleet.is_none() {
+        quota::replica_guard(&config.models, &|var| std::env::var(var).ok())?;
+    }
     let routing = Routing::build(&config).await?;
     let store = Store::open(&config.database_url)
         .await

@@ -15,6 +15,7 @@ mod dashboard;
 mod database_health;
 mod deploy;
 mod edge;
+mod fleet;
 mod health;
 mod hedging;
 mod isolation;

@@ -98,8 +98,8 @@ fn run_cargo(args: &[&str], what: &str) -> Result<()> {
 fn ci() -> Result<()> {
     ensure_wasm_target()?;
     ensure_postgres()?;
-    ensure_prometheus()?;
-    ensure_chromium()?;
+    ensure_redis()?;
+    ensure_debian_tools()?;
     run_cargo(&["fmt", "--all", "--check"], "format check")?;
     run_cargo(
         &[
@@ -159,21 +159,56 @@ fn ensure_postgres() -> Result<()> {
     )
 }
 
-/// The metrics test scrapes the gateway with the real Prometheus (Debian's `prometheus` package);
-/// install it when missing. The test installs it too, and fails when it cannot.
-fn ensure_prometheus() -> Result<()> {
-    let installed = || {
-        Command::new("prometheus")
-            .arg("--version")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
+/// Debian packages the tests run for real: installed with apt when a probe of their programs
+/// fails. Each entry: the packages, the programs that must answer `--version`, and who needs them.
+const DEBIAN_TOOLS: &[(&[&str], &[&str], &str)] = &[
+    (&["prometheus"], &["prometheus"], "the metrics test"),
+    (
+        &["nginx"],
+        &["nginx"],
+        "the fleet test (three replicas behind nginx)",
+    ),
+    (
+        &["chromium", "chromium-driver"],
+        &["chromium", "chromedriver"],
+        "the dashboard test",
+    ),
+];
+
+fn ensure_debian_tools() -> Result<()> {
+    for (packages, programs, needed_by) in DEBIAN_TOOLS {
+        ensure_debian_packages(packages, programs, needed_by)?;
+    }
+    Ok(())
+}
+
+/// Installs `packages` unless every one of `programs` already answers `--version`.
+fn ensure_debian_packages(packages: &[&str], programs: &[&str], needed_by: &str) -> Result<()> {
+    let works = |program: &str| {
+        // nginx is in /usr/sbin, which a non-login PATH may lack.
+        [program.to_owned(), format!("/usr/sbin/{program}")]
+            .iter()
+            .any(|p| {
+                Command::new(p)
+                    .arg(if program == "nginx" {
+                        "-v"
+                    } else {
+                        "--version"
+                    })
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success())
+            })
     };
+    let installed = || programs.iter().all(|p| works(p));
     if installed() {
         return Ok(());
     }
-    eprintln!("==> installing Prometheus (apt-get install -y prometheus) for the metrics test");
+    let list = packages.join(" ");
+    eprintln!("==> installing {list} (apt-get install -y {list}) for {needed_by}");
+    let mut install = vec!["install", "-y", "-qq", "--no-install-recommends"];
+    install.extend_from_slice(packages);
     let apt = |args: &[&str]| {
         Command::new("apt-get")
             .args(args)
@@ -181,16 +216,52 @@ fn ensure_prometheus() -> Result<()> {
             .status()
             .is_ok_and(|s| s.success())
     };
-    if !apt(&["install", "-y", "-qq", "prometheus"]) {
+    if !apt(&install) {
         apt(&["update", "-qq"]);
-        apt(&["install", "-y", "-qq", "prometheus"]);
+        apt(&install);
     }
     if !installed() {
-        bail!(
-            "`apt-get install -y prometheus` did not install Prometheus; the metrics test needs it"
-        );
+        bail!("`apt-get install -y {list}` did not install {list}; {needed_by} needs it");
     }
     Ok(())
+}
+
+/// The fleet tests share routing state through the machine's Redis (127.0.0.1:6379); start one
+/// when nothing answers there (it keeps nothing on disk).
+fn ensure_redis() -> Result<()> {
+    let answers = || {
+        Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", "6379", "ping"])
+            .output()
+            .is_ok_and(|o| o.status.success() && o.stdout.starts_with(b"PONG"))
+    };
+    if answers() {
+        return Ok(());
+    }
+    eprintln!("==> Redis is not answering on 127.0.0.1:6379; starting redis-server");
+    let _ = Command::new("redis-server")
+        .args([
+            "--daemonize",
+            "yes",
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            "6379",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .status();
+    for _ in 0..30 {
+        if answers() {
+            return Ok(());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+    bail!(
+        "Redis is not running on 127.0.0.1:6379 and `redis-server` could not start it; the fleet tests need it"
+    )
 }
 
 /// The Helm CLI is in none of the registries the project installs from; `deploy/check.py` renders the
@@ -246,52 +317,6 @@ fn deploy_manifests() -> Result<()> {
         .context("running deploy/check.py --write")?;
     if !status.success() {
         bail!("deploy/check.py --write failed ({status})");
-    }
-    Ok(())
-}
-
-/// The dashboard test drives Debian's `chromium` through `chromedriver` (package
-/// `chromium-driver`); install both when either is missing. The test installs them too, and fails
-/// when it cannot.
-fn ensure_chromium() -> Result<()> {
-    let works = |program: &str| {
-        Command::new(program)
-            .arg("--version")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    let installed = || works("chromium") && works("chromedriver");
-    if installed() {
-        return Ok(());
-    }
-    eprintln!(
-        "==> installing Chromium (apt-get install -y chromium chromium-driver) for the dashboard test"
-    );
-    let install = [
-        "install",
-        "-y",
-        "-qq",
-        "--no-install-recommends",
-        "chromium",
-        "chromium-driver",
-    ];
-    let apt = |args: &[&str]| {
-        Command::new("apt-get")
-            .args(args)
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    if !apt(&install) {
-        apt(&["update", "-qq"]);
-        apt(&install);
-    }
-    if !installed() {
-        bail!(
-            "`apt-get install -y chromium chromium-driver` did not install Chromium and its driver; the dashboard test needs them"
-        );
     }
     Ok(())
 }

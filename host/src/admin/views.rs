@@ -188,8 +188,10 @@ pub async fn health_deep(
         .store
         .as_ref()
         .map(|s| DatabaseHealth::gather(s, gateway.api_log.as_ref()));
-    let degraded =
-        endpoints.iter().any(|e| !e.healthy) || database.as_ref().is_some_and(|d| d.failing());
+    // A replica serving on its own state because Redis is gone is degraded too.
+    let degraded = endpoints.iter().any(|e| !e.healthy)
+        || database.as_ref().is_some_and(|d| d.failing())
+        || gateway.fleet.as_ref().is_some_and(|f| !f.is_connected());
     let prefill: serde_json::Map<String, serde_json::Value> = gateway
         .routing
         .prefill
@@ -206,12 +208,20 @@ pub async fn health_deep(
         "status": if degraded { "degraded" } else { "ok" },
         "prefill": prefill,
         "affinity_records": gateway.routing.affinity.len(),
-        "note": "health state is per process",
+        "note": if gateway.fleet.is_some() {
+            "breakers, affinity, key pools, prefill backlog, quota and concurrency are shared by the fleet; availability and in-flight counts are per process"
+        } else {
+            "health state is per process"
+        },
         "endpoints": endpoints,
         "strategies": strategies,
         "routers": routers,
         "database": database,
     });
+    deep["fleet"] = match &gateway.fleet {
+        Some(fleet) => fleet.report(),
+        None => serde_json::json!({ "state": "not_configured" }),
+    };
     // The extension's sections (RouteWise: `quota`, `routewise`).
     for (key, section) in gateway.extension.health() {
         deep[key] = section;

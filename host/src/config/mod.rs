@@ -25,9 +25,9 @@ pub use endpoint_id::{endpoint_id, is_loopback};
 pub use lines::KeyLines;
 pub use raw::{Capability, DefaultAuth, LogFormat, ProviderKind};
 pub use runtime::{
-    Config, DatabaseModelsConfig, EdgeConfig, HealthCheckConfig, LoggingConfig, ModelConfig,
-    ModelUpstream, PoolKey, RoutingConfig, ServerConfig, StrategiesConfig, StreamDeadlineOverrides,
-    StreamDeadlines, TelemetryConfig, UpstreamClientConfig,
+    Config, DatabaseModelsConfig, EdgeConfig, FleetConfig, HealthCheckConfig, LoggingConfig,
+    ModelConfig, ModelUpstream, PoolKey, RoutingConfig, ServerConfig, StrategiesConfig,
+    StreamDeadlineOverrides, StreamDeadlines, TelemetryConfig, UpstreamClientConfig,
 };
 
 /// A config that could not be loaded. The message always names the file.

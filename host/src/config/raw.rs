@@ -25,6 +25,8 @@ pub struct RawConfig {
     pub logging: RawLogging,
     #[serde(default)]
     pub telemetry: RawTelemetry,
+    /// Shared routing state across replicas (Redis); absent: everything stays per process.
+    pub fleet: Option<RawFleet>,
     /// Inbound routes (path prefixes and their authentication), beside those in the database.
     #[serde(default)]
     pub routes: Vec<crate::entity::NewRoute>,
@@ -88,6 +90,22 @@ pub struct RawTelemetry {
     /// The OTLP/HTTP collector's base URL (`http://collector:4318`): spans are POSTed to
     /// `/v1/traces` under it. Unset (and no `OTEL_EXPORTER_OTLP_ENDPOINT`): no traces.
     pub otlp_endpoint: Option<String>,
+}
+
+/// `fleet:`: the replicas that serve as one gateway, and the Redis they share routing state on.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawFleet {
+    /// `redis://host:port/db` (or `rediss://`); `SWITCHYARD_REDIS_URL` wins when set.
+    pub redis_url: Option<String>,
+    /// Prefix of every key and channel, so several fleets can share one Redis (default
+    /// `switchyard`).
+    pub key_prefix: Option<String>,
+    /// The most a request waits on Redis, in milliseconds (default 5): a probe claim or a stateful
+    /// route's admission that takes longer falls back as documented in the README.
+    pub deadline_ms: Option<u64>,
+    /// How often each replica publishes its prefill backlog and reads the others' (default 200).
+    pub backlog_publish_ms: Option<u64>,
 }
 
 /// The log line format.

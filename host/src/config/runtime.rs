@@ -18,6 +18,8 @@ pub struct Config {
     pub health: crate::routing::health::HealthConfig,
     pub logging: LoggingConfig,
     pub telemetry: TelemetryConfig,
+    /// `fleet:` (or `SWITCHYARD_REDIS_URL`); `None`: routing state is per process.
+    pub fleet: Option<FleetConfig>,
     pub models: Vec<ModelConfig>,
     /// Inbound routes declared in the file, validated like the database's (ids `yaml:NAME`).
     pub routes: Vec<crate::entity::Route>,
@@ -87,6 +89,17 @@ pub struct TelemetryConfig {
     pub otlp_traces_endpoint: Option<String>,
     /// `service.name` of the exported spans (`OTEL_SERVICE_NAME`, default `switchyard`).
     pub service_name: String,
+}
+
+/// `fleet:`, validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FleetConfig {
+    pub redis_url: String,
+    pub key_prefix: String,
+    /// The most a request waits on Redis.
+    pub deadline: Duration,
+    /// How often the prefill backlog is published and read.
+    pub backlog_publish: Duration,
 }
 
 /// The strategy of models that exist only in the database.

@@ -358,3 +358,48 @@ fn a_yaml_routes_plugins_are_read_and_checked_with_their_line() {
         "{err}"
     );
 }
+
+#[test]
+fn fleet_is_optional_and_its_mistakes_name_the_key() {
+    assert_eq!(load("").unwrap().fleet, None, "no fleet: state per process");
+    let c = load("fleet:\n  redis_url: redis://127.0.0.1:6379/2\n").unwrap();
+    let fleet = c.fleet.unwrap();
+    assert_eq!(fleet.key_prefix, "switchyard");
+    assert_eq!(fleet.deadline, Duration::from_millis(5));
+    assert_eq!(fleet.backlog_publish, Duration::from_millis(200));
+
+    let err = load("fleet:\n  redis_url: redis://r:6379\n  dedline_ms: 3\n")
+        .unwrap_err()
+        .to_string();
+    assert!(err.starts_with("test.yaml:3:"), "{err}");
+    assert!(err.contains("fleet: unknown field `dedline_ms`"), "{err}");
+    let err = load("fleet:\n  redis_url: http://r:6379\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("fleet.redis_url: `http://r:6379` is not a redis:// or rediss:// URL"),
+        "{err}"
+    );
+    let err = load("fleet:\n  redis_url: redis://:secret@r:6379\n  deadline_ms: 0\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("fleet.deadline_ms: 0 is outside 1..=1000"),
+        "{err}"
+    );
+    let err = load("fleet:\n  key_prefix: sy\n").unwrap_err().to_string();
+    assert!(err.contains("fleet.redis_url: is required"), "{err}");
+
+    // The environment's URL wins, and is enough on its own.
+    let env = |name: &str| (name == "SWITCHYARD_REDIS_URL").then(|| "redis://env:6379".to_owned());
+    let c = Config::from_yaml(Path::new("t.yaml"), "", &env).unwrap();
+    assert_eq!(c.fleet.unwrap().redis_url, "redis://env:6379");
+    let bad = |name: &str| (name == "SWITCHYARD_REDIS_URL").then(|| "redis://u:pw@".to_owned());
+    let err = Config::from_yaml(Path::new("t.yaml"), "", &bad)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("environment variable SWITCHYARD_REDIS_URL") && !err.contains("pw"),
+        "the password is masked: {err}"
+    );
+}

@@ -9,7 +9,7 @@ use crate::entity::mask_url_password;
 
 use super::knobs::{affinity_and_prefill, health_config, key_pool_config, pick};
 use super::{
-    Config, ConfigError, DEFAULT_GROUP, DatabaseModelsConfig, DefaultAuth, EdgeConfig,
+    Config, ConfigError, DEFAULT_GROUP, DatabaseModelsConfig, DefaultAuth, EdgeConfig, FleetConfig,
     HealthCheckConfig, KeyLines, LogFormat, LoggingConfig, ModelConfig, ModelUpstream, PoolKey,
     RoutingConfig, ServerConfig, StrategiesConfig, TelemetryConfig, UpstreamClientConfig,
     endpoint_id, interpolate, raw,
@@ -397,6 +397,8 @@ pub(super) fn validate(
     };
     let telemetry = telemetry_config(&raw.telemetry, env)
         .map_err(|(key, message)| invalid(key.to_owned(), message))?;
+    let fleet = fleet_config(raw.fleet.as_ref(), env)
+        .map_err(|(key, message)| invalid(key.to_owned(), message))?;
     let metrics_listen = match env("SWITCHYARD_METRICS_LISTEN") {
         Some(a) => Some(("environment variable SWITCHYARD_METRICS_LISTEN", a)),
         None => raw
@@ -505,6 +507,7 @@ pub(super) fn validate(
         },
         logging,
         telemetry,
+        fleet,
         database_url: raw.database.url,
         strategies: StrategiesConfig {
             dir: s.dir,
@@ -634,6 +637,77 @@ fn telemetry_config(
         otlp_traces_endpoint,
         service_name: set("OTEL_SERVICE_NAME").unwrap_or_else(|| "switchyard".to_owned()),
     })
+}
+
+/// `fleet:`, with `SWITCHYARD_REDIS_URL` winning over `fleet.redis_url` (and enough on its own).
+/// An error names the key or variable.
+fn fleet_config(
+    raw: Option<&raw::RawFleet>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<FleetConfig>, (&'static str, String)> {
+    let from_env = env("SWITCHYARD_REDIS_URL")
+        .map(|v| v.trim().to_owned())
+        .filter(|v| !v.is_empty())
+        .map(|url| ("environment variable SWITCHYARD_REDIS_URL", url));
+    let from_file = raw
+        .and_then(|r| r.redis_url.as_deref())
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .map(|url| ("fleet.redis_url", url.to_owned()));
+    let Some((key, redis_url)) = from_env.or(from_file) else {
+        return match raw {
+            Some(_) => Err((
+                "fleet.redis_url",
+                "is required when `fleet:` is present (redis://host:6379)".into(),
+            )),
+            None => Ok(None),
+        };
+    };
+    let scheme_ok = url::Url::parse(&redis_url).is_ok_and(|u| {
+        matches!(u.scheme(), "redis" | "rediss") && u.host_str().is_some_and(|h| !h.is_empty())
+    });
+    if !scheme_ok {
+        return Err((
+            key,
+            format!(
+                "`{}` is not a redis:// or rediss:// URL (such as redis://127.0.0.1:6379)",
+                mask_url_password(&redis_url)
+            ),
+        ));
+    }
+    let default = raw::RawFleet::default();
+    let raw = raw.unwrap_or(&default);
+    let key_prefix = raw.key_prefix.as_deref().unwrap_or("switchyard").trim();
+    if key_prefix.is_empty()
+        || key_prefix
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control())
+    {
+        return Err((
+            "fleet.key_prefix",
+            format!("`{key_prefix}` must be non-empty, without spaces or control characters"),
+        ));
+    }
+    let deadline_ms = raw.deadline_ms.unwrap_or(5);
+    if !(1..=1000).contains(&deadline_ms) {
+        return Err((
+            "fleet.deadline_ms",
+            format!("{deadline_ms} is outside 1..=1000 (milliseconds a request may wait on Redis)"),
+        ));
+    }
+    let backlog_ms = raw.backlog_publish_ms.unwrap_or(200);
+    if !(50..=10_000).contains(&backlog_ms) {
+        return Err((
+            "fleet.backlog_publish_ms",
+            format!("{backlog_ms} is outside 50..=10000 (milliseconds)"),
+        ));
+    }
+    Ok(Some(FleetConfig {
+        redis_url,
+        key_prefix: key_prefix.to_owned(),
+        deadline: Duration::from_millis(deadline_ms),
+        backlog_publish: Duration::from_millis(backlog_ms),
+    }))
 }
 
 /// A number of seconds from the config: `None` stays `None`; it must be finite and above 0.

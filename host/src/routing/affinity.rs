@@ -1,9 +1,14 @@
 //! Session affinity: (caller, canonical model) → the endpoint that served it, with a sliding TTL, so
 //! a conversation stays where its prefix cache is warm. A cache-locality optimisation, never a
 //! promise: the pin moves whenever the endpoint errors, becomes unavailable or is backed up.
+//!
+//! In a fleet, pins are announced to the other replicas ([`super::peers::Peers`]) when they are
+//! made or moved, and again whenever a quarter of the TTL passed since the last announcement (so
+//! the shared record's TTL slides with use without a message per request); replicas apply them
+//! with [`AffinityTable::apply_remote_pin`]. Reads stay local.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -30,13 +35,19 @@ impl Default for AffinityConfig {
 /// (caller, canonical model).
 type Key = (Arc<str>, String);
 
-/// The pinned endpoint and when the record expires.
-type Record = (String, Instant);
+/// The pinned endpoint, when the record expires, and when it was last announced to the fleet.
+#[derive(Debug)]
+struct Record {
+    endpoint: String,
+    expires: Instant,
+    announced: Instant,
+}
 
 #[derive(Debug)]
 pub struct AffinityTable {
     config: AffinityConfig,
     entries: Mutex<HashMap<Key, Record>>,
+    peers: OnceLock<Arc<dyn super::peers::Peers>>,
 }
 
 impl AffinityTable {
@@ -44,6 +55,53 @@ impl AffinityTable {
         Self {
             config,
             entries: Mutex::new(HashMap::new()),
+            peers: OnceLock::new(),
+        }
+    }
+
+    /// Announces pins to `peers` from now on.
+    pub fn set_peers(&self, peers: Arc<dyn super::peers::Peers>) {
+        let _ = self.peers.set(peers);
+    }
+
+    pub fn ttl(&self) -> Duration {
+        self.config.ttl
+    }
+
+    /// Whether a record announced at `announced` is due to be announced again at `now`.
+    fn due(&self, announced: Instant, now: Instant) -> bool {
+        now.saturating_duration_since(announced) >= self.config.ttl / 4
+    }
+
+    fn announce(&self, caller: &str, model: &str, endpoint: &str) {
+        if let Some(peers) = self.peers.get() {
+            peers.affinity_pinned(caller, model, endpoint, self.config.ttl);
+        }
+    }
+
+    /// Another replica pinned `caller` on `model` to `endpoint` until `expires`.
+    pub fn apply_remote_pin(&self, caller: &str, model: &str, endpoint: &str, expires: Instant) {
+        if !self.config.enabled {
+            return;
+        }
+        let mut entries = self.entries.lock();
+        entries.insert(
+            (Arc::from(caller), model.to_owned()),
+            Record {
+                endpoint: endpoint.to_owned(),
+                expires,
+                // Announced by its maker just now; this replica re-announces only on its own use.
+                announced: Instant::now(),
+            },
+        );
+    }
+
+    /// Another replica dropped the pin of `caller` on `model` to `endpoint`.
+    pub fn apply_remote_drop(&self, caller: &str, model: &str, endpoint: &str) {
+        let mut entries = self.entries.lock();
+        let key = (Arc::from(caller), model.to_owned());
+        if entries.get(&key).is_some_and(|r| r.endpoint == endpoint) {
+            entries.remove(&key);
         }
     }
 
@@ -58,17 +116,26 @@ impl AffinityTable {
         }
         let mut entries = self.entries.lock();
         let key = (caller.clone(), model.to_owned());
-        match entries.get_mut(&key) {
-            Some((endpoint, expires)) if now < *expires => {
-                *expires = now + self.config.ttl;
-                Some(endpoint.clone())
+        let (endpoint, announce) = match entries.get_mut(&key) {
+            Some(record) if now < record.expires => {
+                record.expires = now + self.config.ttl;
+                let announce = self.peers.get().is_some() && self.due(record.announced, now);
+                if announce {
+                    record.announced = now;
+                }
+                (record.endpoint.clone(), announce)
             }
             Some(_) => {
                 entries.remove(&key);
-                None
+                return None;
             }
-            None => None,
+            None => return None,
+        };
+        drop(entries);
+        if announce {
+            self.announce(caller, model, &endpoint);
         }
+        Some(endpoint)
     }
 
     /// Pins `caller` on `model` to `endpoint`.
@@ -78,20 +145,37 @@ impl AffinityTable {
         }
         let mut entries = self.entries.lock();
         if entries.len() > self.config.sweep_threshold {
-            entries.retain(|_, (_, expires)| now < *expires);
+            entries.retain(|_, r| now < r.expires);
         }
+        let key = (caller.clone(), model.to_owned());
+        let last_announced = entries
+            .get(&key)
+            .filter(|r| r.endpoint == endpoint && !self.due(r.announced, now))
+            .map(|r| r.announced);
         entries.insert(
-            (caller.clone(), model.to_owned()),
-            (endpoint.to_owned(), now + self.config.ttl),
+            key,
+            Record {
+                endpoint: endpoint.to_owned(),
+                expires: now + self.config.ttl,
+                announced: last_announced.unwrap_or(now),
+            },
         );
+        drop(entries);
+        if last_announced.is_none() {
+            self.announce(caller, model, endpoint);
+        }
     }
 
     /// Drops the record if it still points at `endpoint` (after an error there).
     pub fn drop_if(&self, caller: &Arc<str>, model: &str, endpoint: &str) {
         let mut entries = self.entries.lock();
         let key = (caller.clone(), model.to_owned());
-        if entries.get(&key).is_some_and(|(e, _)| e == endpoint) {
+        if entries.get(&key).is_some_and(|r| r.endpoint == endpoint) {
             entries.remove(&key);
+            drop(entries);
+            if let Some(peers) = self.peers.get() {
+                peers.affinity_dropped(caller, model, endpoint);
+            }
         }
     }
 

@@ -1,7 +1,10 @@
 //! Endpoint health: an EWMA of each endpoint's success rate and a circuit breaker, in one
 //! process-wide registry shared by every model's router.
 //!
-//! State is per process: replicas behind a load balancer each learn on their own.
+//! The EWMAs are per process (each replica judges from its own traffic). Breaker transitions are
+//! announced to the fleet's other replicas when a fleet is configured ([`super::peers::Peers`]),
+//! which apply them with [`HealthRegistry::apply_remote_open`] and
+//! [`HealthRegistry::apply_remote_close`]; alone, replicas behind a load balancer each learn alone.
 //!
 //! The breaker opens after `failure_threshold` consecutive failures (or when availability falls below
 //! `min_availability`), stays open `cooldown`, then admits exactly one half-open probe: the first
@@ -10,8 +13,8 @@
 //! probe whose caller vanished cannot wedge the endpoint.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
@@ -139,6 +142,8 @@ pub struct HealthRegistry {
     config: HealthConfig,
     endpoints: RwLock<HashMap<String, Arc<Mutex<EndpointState>>>>,
     next_probe: AtomicU64,
+    /// Told of every breaker transition this process decides (set once, by the fleet).
+    peers: OnceLock<Arc<dyn super::peers::Peers>>,
 }
 
 impl HealthRegistry {
@@ -147,6 +152,37 @@ impl HealthRegistry {
             config,
             endpoints: RwLock::new(HashMap::new()),
             next_probe: AtomicU64::new(1),
+            peers: OnceLock::new(),
+        }
+    }
+
+    /// Announces this process's breaker transitions to `peers` from now on.
+    pub fn set_peers(&self, peers: Arc<dyn super::peers::Peers>) {
+        let _ = self.peers.set(peers);
+    }
+
+    /// Another replica opened `endpoint`'s breaker until `until`: skip it here too. A breaker
+    /// whose probe is out here is left to that probe.
+    pub fn apply_remote_open(&self, endpoint: &str, until: Instant) {
+        let entry = self.entry(endpoint);
+        let mut state = entry.lock();
+        match state.breaker {
+            Breaker::Closed => state.breaker = Breaker::Open { until },
+            Breaker::Open { until: mine } if mine < until => {
+                state.breaker = Breaker::Open { until };
+            }
+            Breaker::HalfOpen { probe: None } => state.breaker = Breaker::Open { until },
+            _ => {}
+        }
+    }
+
+    /// Another replica's probe was answered: the endpoint serves again.
+    pub fn apply_remote_close(&self, endpoint: &str) {
+        let entry = self.entry(endpoint);
+        let mut state = entry.lock();
+        if !matches!(state.breaker, Breaker::Closed) {
+            state.breaker = Breaker::Closed;
+            state.consecutive_failures = 0;
         }
     }
 
@@ -233,6 +269,8 @@ impl HealthRegistry {
     ) {
         let entry = self.entry(endpoint);
         let mut state = entry.lock();
+        let was_closed = matches!(state.breaker, Breaker::Closed);
+        let was_open = matches!(state.breaker, Breaker::Open { .. });
         let alpha = self.config.ewma_alpha;
         let holds_probe = |state: &EndpointState| match (ticket, state.breaker) {
             (
@@ -284,6 +322,16 @@ impl HealthRegistry {
                     Breaker::HalfOpen { .. } if holds_probe(&state) => state.breaker = open,
                     _ => {}
                 }
+            }
+        }
+        let opened = !was_open && matches!(state.breaker, Breaker::Open { .. });
+        let closed = !was_closed && matches!(state.breaker, Breaker::Closed);
+        drop(state);
+        if let Some(peers) = self.peers.get() {
+            if opened {
+                peers.breaker_opened(endpoint, self.config.cooldown);
+            } else if closed {
+                peers.breaker_closed(endpoint);
             }
         }
     }
@@ -483,5 +531,45 @@ mod tests {
         assert_eq!(h.admits("e", t2), None);
         h.release("e", second);
         assert_eq!(h.admits("e", t2), Some(CircuitState::HalfOpen));
+    }
+
+    #[derive(Debug, Default)]
+    struct Recorder(Mutex<Vec<String>>);
+
+    impl crate::routing::peers::Peers for Recorder {
+        fn breaker_opened(&self, endpoint: &str, cooldown: Duration) {
+            self.0
+                .lock()
+                .push(format!("open {endpoint} {}", cooldown.as_secs()));
+        }
+        fn breaker_closed(&self, endpoint: &str) {
+            self.0.lock().push(format!("closed {endpoint}"));
+        }
+    }
+
+    #[test]
+    fn transitions_are_announced_once_and_remote_ones_are_applied_silently() {
+        let h = registry(3);
+        let peers = Arc::new(Recorder::default());
+        h.set_peers(peers.clone());
+        let start = Instant::now();
+        open(&h, start);
+        // A fourth failure while open changes nothing to announce.
+        h.record_at("e", Ticket::Normal, Outcome::Failure, None, start);
+        let t1 = start + Duration::from_secs(31);
+        let probe = h.claim("e", t1).unwrap();
+        h.record_at("e", probe, Outcome::Success, None, t1);
+        assert_eq!(*peers.0.lock(), vec!["open e 30", "closed e"]);
+
+        // Another replica's breaker: skipped here until its `until`, then closed by its probe.
+        h.apply_remote_open("f", t1 + Duration::from_secs(5));
+        assert_eq!(h.admits("f", t1), None);
+        assert_eq!(
+            h.admits("f", t1 + Duration::from_secs(6)),
+            Some(CircuitState::HalfOpen)
+        );
+        h.apply_remote_close("f");
+        assert_eq!(h.admits("f", t1), Some(CircuitState::Closed));
+        assert_eq!(peers.0.lock().len(), 2, "remote changes are not echoed");
     }
 }

@@ -18,10 +18,14 @@
 //!   preferred key changed, and bindings to keys that left the pool.
 //!
 //! Requests without a user identity carry no role and may use every key.
+//!
+//! In a fleet, quieted keys and new bindings are announced to the other replicas
+//! ([`super::peers::Peers`]), which apply them with [`KeyPools::apply_remote_quiet`] and
+//! [`KeyPools::apply_remote_bind`].
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -85,6 +89,7 @@ pub struct KeyPools {
     declarations: Mutex<HashMap<String, Declarations>>,
     /// Bumped whenever a pool's declarations change.
     generation: AtomicU64,
+    peers: OnceLock<Arc<dyn super::peers::Peers>>,
 }
 
 /// How one pool stands for one request.
@@ -104,7 +109,52 @@ impl KeyPools {
             bindings: Mutex::new(HashMap::new()),
             declarations: Mutex::new(HashMap::new()),
             generation: AtomicU64::new(0),
+            peers: OnceLock::new(),
         }
+    }
+
+    /// Announces quieted keys and new bindings to `peers` from now on.
+    pub fn set_peers(&self, peers: Arc<dyn super::peers::Peers>) {
+        let _ = self.peers.set(peers);
+    }
+
+    /// Another replica quieted the key `fingerprint` until `until`.
+    pub fn apply_remote_quiet(&self, fingerprint: &str, status: u16, until: Instant) {
+        let mut quiet = self.quiet.lock();
+        if quiet.get(fingerprint).is_none_or(|q| q.until < until) {
+            quiet.insert(fingerprint.to_owned(), Quiet { until, status });
+        }
+    }
+
+    /// Another replica bound `caller` to `fingerprint` in `pool`. Ignored unless this process
+    /// declares that key in that pool (the replicas' declarations may differ for a moment).
+    pub fn apply_remote_bind(
+        &self,
+        caller: &str,
+        pool: &str,
+        fingerprint: &str,
+        role: Option<Role>,
+        expires: Instant,
+    ) {
+        if !self.config.affinity_enabled {
+            return;
+        }
+        let declared = self
+            .declarations
+            .lock()
+            .get(pool)
+            .is_some_and(|keys| keys.iter().any(|(f, _)| f == fingerprint));
+        if !declared {
+            return;
+        }
+        self.bindings.lock().insert(
+            (Arc::from(caller), pool.to_owned()),
+            Binding {
+                fingerprint: fingerprint.to_owned(),
+                role,
+                expires,
+            },
+        );
     }
 
     /// The declarations' generation; see [`KeyPools::bind`].
@@ -177,6 +227,9 @@ impl KeyPools {
                 status,
             },
         );
+        if let Some(peers) = self.peers.get() {
+            peers.key_quieted(&key.fingerprint, status, period);
+        }
     }
 
     /// The key (fingerprint) `caller` is bound to in `pool`, if the binding is live and was made
@@ -227,6 +280,10 @@ impl KeyPools {
                 expires: now + self.config.affinity_ttl,
             },
         );
+        drop(bindings);
+        if let Some(peers) = self.peers.get() {
+            peers.key_bound(caller, pool, fingerprint, role, self.config.affinity_ttl);
+        }
     }
 
     /// Records every pool's declarations from a new upstream table; bindings whose preferred key

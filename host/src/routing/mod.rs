@@ -7,6 +7,7 @@ pub mod dispatch;
 pub mod health;
 pub mod inflight;
 pub mod key_pools;
+pub mod peers;
 pub mod policy;
 pub mod prefill;
 pub mod select;
@@ -15,7 +16,8 @@ pub mod table;
 use std::sync::Arc;
 
 /// The process-wide routing state every request consults: endpoint health, prefill load and
-/// session affinity. Cheap to clone.
+/// session affinity. Cheap to clone. With a fleet, [`RoutingContext::join`] shares it with the
+/// other replicas.
 #[derive(Debug, Clone)]
 pub struct RoutingContext {
     pub health: Arc<health::HealthRegistry>,
@@ -27,6 +29,8 @@ pub struct RoutingContext {
     pub attempts: Arc<dyn AttemptObserver>,
     /// Attempts in flight per endpoint (a candidate's `inflight-requests`).
     pub inflight: Arc<inflight::InFlight>,
+    /// The fleet's other replicas; `()` for a gateway alone.
+    pub peers: Arc<dyn peers::Peers>,
 }
 
 /// What routing tells the stage above about each attempt it sends (RouteWise's local quota counter
@@ -50,6 +54,18 @@ impl RoutingContext {
             )),
             attempts: Arc::new(()),
             inflight: Arc::new(inflight::InFlight::new()),
+            peers: Arc::new(()),
         }
+    }
+}
+
+impl RoutingContext {
+    /// Shares this state with the fleet's other replicas from now on: the registries announce
+    /// their changes to `peers`, and dispatch asks it for probes and stateful routes.
+    pub fn join(&mut self, peers: Arc<dyn peers::Peers>) {
+        self.health.set_peers(peers.clone());
+        self.affinity.set_peers(peers.clone());
+        self.keys.set_peers(peers.clone());
+        self.peers = peers;
     }
 }

@@ -5,6 +5,10 @@
 //! A lease is taken when an attempt is dispatched and released at the first token (a long, cheap
 //! decode is not prefill pressure), or on any end: success, error, timeout, client disconnect. The
 //! release is in `Drop`, so no path can leak one. Nothing here blocks, rejects or queues a request.
+//!
+//! In a fleet, each replica publishes its own backlog and [`PrefillTracker::set_remote`] hands this
+//! one the sum of the others', so [`PrefillTracker::load`] is the fleet's (as fresh as the last
+//! publication); hints and leases stay per process.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -52,7 +56,7 @@ struct State {
 }
 
 /// Load of one endpoint as the pipeline sees it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Load {
     pub backlog_tokens: u64,
     pub elephants: u32,
@@ -63,6 +67,8 @@ pub struct Load {
 pub struct PrefillTracker {
     config: PrefillConfig,
     state: Arc<Mutex<State>>,
+    /// The other replicas' load per endpoint, summed (empty without a fleet).
+    remote: parking_lot::RwLock<HashMap<String, Load>>,
 }
 
 impl PrefillTracker {
@@ -70,14 +76,40 @@ impl PrefillTracker {
         Self {
             config,
             state: Arc::default(),
+            remote: parking_lot::RwLock::default(),
         }
+    }
+
+    /// The other replicas' load per endpoint, summed; replaces the previous sum.
+    pub fn set_remote(&self, remote: HashMap<String, Load>) {
+        *self.remote.write() = remote;
+    }
+
+    /// The other replicas' load on `endpoint`.
+    pub fn remote_load(&self, endpoint: &str) -> Load {
+        self.remote
+            .read()
+            .get(endpoint)
+            .copied()
+            .unwrap_or_default()
     }
 
     pub fn config(&self) -> PrefillConfig {
         self.config
     }
 
+    /// The endpoint's load across the fleet: this process's plus the others' last publication.
     pub fn load(&self, endpoint: &str) -> Load {
+        let local = self.local_load(endpoint);
+        let remote = self.remote_load(endpoint);
+        Load {
+            backlog_tokens: local.backlog_tokens + remote.backlog_tokens,
+            elephants: local.elephants + remote.elephants,
+        }
+    }
+
+    /// This process's own load on the endpoint.
+    pub fn local_load(&self, endpoint: &str) -> Load {
         self.state
             .lock()
             .endpoints
@@ -89,7 +121,8 @@ impl PrefillTracker {
             .unwrap_or_default()
     }
 
-    /// Every endpoint's current load, sorted by id (for `/health/deep`).
+    /// This process's load on every endpoint it knows, sorted by id (for `/health/deep`, and
+    /// what a replica publishes to its fleet).
     pub fn report(&self) -> Vec<(String, Load)> {
         let state = self.state.lock();
         let mut loads: Vec<(String, Load)> = state
@@ -113,14 +146,15 @@ impl PrefillTracker {
     /// not push a session off its warm endpoint because of its own parallel turns).
     pub fn backlog_excluding(&self, endpoint: &str, caller: Option<&str>) -> u64 {
         let state = self.state.lock();
+        let remote = self.remote_load(endpoint).backlog_tokens;
         let Some(load) = state.endpoints.get(endpoint) else {
-            return 0;
+            return remote;
         };
         let own = caller
             .and_then(|c| load.by_caller.get(c))
             .copied()
             .unwrap_or(0);
-        load.backlog_tokens.saturating_sub(own)
+        load.backlog_tokens.saturating_sub(own) + remote
     }
 
     /// This request's uncached prompt tokens on `endpoint`: the growth over the caller's last

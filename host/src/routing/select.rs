@@ -288,7 +288,7 @@ pub async fn select_at(
                 max_attempts: 1,
                 credential: None,
                 role: facts.role,
-                key_generation: ctx.keys.generation(),
+                key_generation: model.key_generation,
                 seed: None,
             }),
             Some(upstream) => Err(SelectionError::NoAdmissibleUpstream {
@@ -475,7 +475,7 @@ pub async fn select_at(
         max_attempts,
         credential: None,
         role: facts.role,
-        key_generation: ctx.keys.generation(),
+        key_generation: model.key_generation,
         seed: Some(request.seed),
     })
 }

@@ -14,10 +14,15 @@ use crate::strategy::{
 };
 
 /// A model as served: its config and the strategy router that orders its routes.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ModelEntry {
     pub config: ModelConfig,
     pub router: Arc<ModelRouter>,
+    /// The key-pool declarations' generation this entry's routes belong to
+    /// ([`crate::routing::key_pools::KeyPools::generation`]). A request binds a caller to a key
+    /// only while the declarations are still these: a request that resolved its model from an
+    /// older table must not bind under newer declarations.
+    pub key_generation: u64,
 }
 
 impl ModelEntry {
@@ -164,8 +169,22 @@ impl ModelTable {
             self.aliases.insert(alias.clone(), config.id.clone());
         }
         self.order.push(config.id.clone());
-        self.models
-            .insert(config.id.clone(), Arc::new(ModelEntry { config, router }));
+        self.models.insert(
+            config.id.clone(),
+            Arc::new(ModelEntry {
+                config,
+                router,
+                key_generation: 0,
+            }),
+        );
+    }
+
+    /// Stamps every entry with the key-pool declarations' generation they were built against,
+    /// before the table is served.
+    pub fn set_key_generation(&mut self, generation: u64) {
+        for entry in self.models.values_mut() {
+            Arc::make_mut(entry).key_generation = generation;
+        }
     }
 
     /// A copy of this table with weights recomputed from `overrides`, failing health checks and
@@ -182,6 +201,8 @@ impl ModelTable {
             policy::apply(&mut config, overrides, unhealthy_origins, local_fraction);
             table.insert(config, entry.router.clone());
         }
+        // Policy changes weights, never keys: the declarations are the ones this table had.
+        table.set_key_generation(self.models().next().map_or(0, |m| m.key_generation));
         table
     }
 

@@ -80,6 +80,9 @@ fn refresh(gateway: &Gateway) {
         state::quiet_keys(&pool, quiet);
     }
     gateway.extension.refresh_metrics();
+    if let Some(fleet) = &gateway.fleet {
+        fleet.refresh_metrics();
+    }
     if let Some(log) = &gateway.api_log {
         let (written, dropped, failed) = log.totals();
         state::request_log(written, dropped, failed);

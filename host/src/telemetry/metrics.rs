@@ -98,6 +98,17 @@ pub mod names {
     pub const CONFIG_SYNC_AGE: &str = "switchyard_config_sync_age_seconds";
     /// Gauge: consecutive failed configuration loads.
     pub const CONFIG_SYNC_FAILURES: &str = "switchyard_config_sync_consecutive_failures";
+    /// Gauge: 1 while the fleet's Redis answers, 0 while this replica serves on local state
+    /// (absent without a fleet).
+    pub const FLEET_CONNECTED: &str = "switchyard_fleet_connected";
+    /// Gauge: replicas whose prefill publication is fresh, this one included.
+    pub const FLEET_REPLICAS: &str = "switchyard_fleet_replicas";
+    /// Counter: fleet messages by `direction` published, received, dropped (queue full, or Redis
+    /// unreachable).
+    pub const FLEET_EVENTS: &str = "switchyard_fleet_events_total";
+    /// Counter: probe claims and admissions by `outcome` local_fallback (Redis unreachable: the
+    /// replica decided alone) and timeout (Redis slow: the stateful route was skipped).
+    pub const FLEET_DECISIONS: &str = "switchyard_fleet_degraded_decisions_total";
 
     /// Every name above.
     pub const ALL: &[&str] = &[
@@ -133,6 +144,10 @@ pub mod names {
         CONFIG_SYNC_VERSIONS_BEHIND,
         CONFIG_SYNC_AGE,
         CONFIG_SYNC_FAILURES,
+        FLEET_CONNECTED,
+        FLEET_REPLICAS,
+        FLEET_EVENTS,
+        FLEET_DECISIONS,
     ];
 }
 
@@ -300,6 +315,13 @@ fn describe() {
     describe_gauge!(
         CONFIG_SYNC_FAILURES,
         "Consecutive failed configuration loads"
+    );
+    describe_gauge!(FLEET_CONNECTED, "1 while the fleet's Redis answers");
+    describe_gauge!(FLEET_REPLICAS, "Replicas with a fresh prefill publication");
+    describe_counter!(FLEET_EVENTS, "Fleet messages, by direction");
+    describe_counter!(
+        FLEET_DECISIONS,
+        "Probe claims and admissions decided without Redis, by outcome"
     );
 }
 
@@ -756,6 +778,33 @@ pub mod state {
         gauge!(ENDPOINT_IN_FLIGHT, &endpoint()).set(f64::from(e.in_flight));
         gauge!(PREFILL_BACKLOG, &endpoint()).set(e.backlog_tokens as f64);
         gauge!(PREFILL_ELEPHANTS, &endpoint()).set(f64::from(e.elephants));
+    }
+
+    /// The fleet's link and counters, as the fleet keeps them.
+    #[derive(Debug, Clone, Copy)]
+    pub struct FleetState {
+        pub connected: bool,
+        pub replicas: u64,
+        pub published: u64,
+        pub received: u64,
+        pub dropped: u64,
+        pub fallbacks: u64,
+        pub timeouts: u64,
+    }
+
+    pub fn fleet(f: &FleetState) {
+        gauge!(FLEET_CONNECTED).set(if f.connected { 1.0 } else { 0.0 });
+        gauge!(FLEET_REPLICAS).set(f.replicas as f64);
+        for (direction, n) in [
+            ("published", f.published),
+            ("received", f.received),
+            ("dropped", f.dropped),
+        ] {
+            counter!(FLEET_EVENTS, "direction" => direction).absolute(n);
+        }
+        for (outcome, n) in [("local_fallback", f.fallbacks), ("timeout", f.timeouts)] {
+            counter!(FLEET_DECISIONS, "outcome" => outcome).absolute(n);
+        }
     }
 
     pub fn affinity_entries(entries: usize) {

@@ -10,7 +10,8 @@
 //!   with quota or concurrency routes refuses to start as one of several processes
 //!   ([`SingleWorkerGuardError`]). The process count comes from `SWITCHYARD_REPLICAS` or
 //!   `WEB_CONCURRENCY` (the larger, when both are set to a positive integer); the gateway cannot see
-//!   replicas that nobody declares.
+//!   replicas that nobody declares. A fleet (`fleet:`) shares the accounting, so `serve` does not
+//!   run the guard then ([`crate::fleet`]).
 //!
 //! Both apply to models routed by `routewise`, the strategy that reads these route kinds.
 

@@ -12,6 +12,7 @@ use crate::upstream::{Attempt, AttemptError, ChatAnswer, UpstreamClient};
 
 use super::super::RoutingContext;
 use super::super::health::Ticket;
+use super::super::peers::{Admission, AdmissionGuard};
 use super::super::select::{Exclusion, Plan};
 use super::super::table::ModelEntry;
 use super::hedge::{self, Hedge};
@@ -145,6 +146,13 @@ pub(super) struct Dispatch<'a, C> {
     pub(super) ledger: RequestLedger<'a>,
 }
 
+/// An attempt's permission to go: the breaker's ticket and, for a route whose capacity the fleet
+/// shares, the fleet's guard (held until the attempt ends).
+pub(super) struct Admitted {
+    pub ticket: Ticket,
+    pub guard: Option<AdmissionGuard>,
+}
+
 /// How one step of the loop ended: the attempt that decided it and what failed on the way.
 pub(super) struct Step<T> {
     pub position: usize,
@@ -161,7 +169,7 @@ impl<C: Call> Dispatch<'_, C> {
     pub(super) async fn attempt(
         &self,
         position: usize,
-        ticket: Ticket,
+        admitted: Admitted,
         hedge: bool,
     ) -> Result<C::Answer, AttemptError> {
         let upstream = &self.ledger.model.upstreams()[position];
@@ -173,34 +181,62 @@ impl<C: Call> Dispatch<'_, C> {
             hedge,
         });
         let trace_headers = trace.headers().cloned();
-        let ledger = self.ledger.open(position, upstream, ticket, hedge, trace);
+        let ledger = self.ledger.open(position, upstream, admitted, hedge, trace);
         let credential = self.ledger.plan.credential.as_deref();
         let attempt = Attempt::new(self.client, upstream, credential).with_trace(trace_headers);
         self.call.send(attempt, ledger).await
     }
 
     /// Every step consults the breaker, so a circuit that opened since selection is skipped here
-    /// too (and recorded as excluded); a pinned request goes where the operator said.
-    pub(super) fn admit(
+    /// too (and recorded as excluded); a pinned request goes where the operator said. In a fleet,
+    /// a half-open probe is claimed once across the replicas, and a route whose capacity the
+    /// fleet shares (quota, concurrency) is admitted by the fleet.
+    pub(super) async fn admit(
         &self,
         upstream: &ModelUpstream,
         excluded: &mut Vec<Exclusion>,
-    ) -> Option<Ticket> {
-        if self.ledger.plan.pinned {
-            return Some(Ticket::Normal);
-        }
-        let ticket = self
-            .ledger
-            .ctx
-            .health
-            .claim(&upstream.endpoint_id, Instant::now());
-        if ticket.is_none() {
+    ) -> Option<Admitted> {
+        let ctx = self.ledger.ctx;
+        let endpoint = upstream.endpoint_id.as_str();
+        let ticket = if self.ledger.plan.pinned {
+            Ticket::Normal
+        } else {
+            let Some(ticket) = ctx.health.claim(endpoint, Instant::now()) else {
+                excluded.push(Exclusion {
+                    endpoint_id: endpoint.to_owned(),
+                    reason: "circuit open".into(),
+                });
+                return None;
+            };
+            ticket
+        };
+        let refuse = |excluded: &mut Vec<Exclusion>, reason: String| {
+            ctx.health.release(endpoint, ticket);
             excluded.push(Exclusion {
-                endpoint_id: upstream.endpoint_id.clone(),
-                reason: "circuit open".into(),
+                endpoint_id: endpoint.to_owned(),
+                reason,
             });
+            None
+        };
+        if let Ticket::Probe(_) = ticket
+            && let Some(claim) = ctx
+                .peers
+                .claim_probe(endpoint, ctx.health.config().cooldown)
+            && !claim.await
+        {
+            return refuse(
+                excluded,
+                "circuit half-open: another replica holds its probe".into(),
+            );
         }
-        ticket
+        let guard = match ctx.peers.admit(self.ledger.model.id(), upstream) {
+            None => None,
+            Some(admission) => match admission.await {
+                Admission::Granted(guard) => guard,
+                Admission::Refused(reason) => return refuse(excluded, reason),
+            },
+        };
+        Some(Admitted { ticket, guard })
     }
 
     async fn run(
@@ -224,15 +260,15 @@ impl<C: Call> Dispatch<'_, C> {
             if sent_backup == Some(position) {
                 continue;
             }
-            let Some(ticket) = self.admit(upstream, &mut excluded) else {
+            let Some(admitted) = self.admit(upstream, &mut excluded).await else {
                 continue;
             };
             let waited = Instant::now();
             let step = match hedge.take() {
-                Some(h) => self.hedged(position, ticket, h, &mut excluded).await,
+                Some(h) => self.hedged(position, admitted, h, &mut excluded).await,
                 None => Step {
                     position,
-                    result: self.attempt(position, ticket, false).await,
+                    result: self.attempt(position, admitted, false).await,
                     failures: Vec::new(),
                     hedged: None,
                 },

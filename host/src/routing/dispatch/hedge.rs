@@ -6,10 +6,9 @@ use std::time::Duration;
 
 use crate::config::ModelUpstream;
 
-use super::super::health::Ticket;
 use super::super::select::{Exclusion, Plan};
 use super::FailedAttempt;
-use super::attempts::{Call, Dispatch, Step};
+use super::attempts::{Admitted, Call, Dispatch, Step};
 
 /// A hedge the strategy asked for: send the upstream at `backup` too if the primary has not
 /// answered `after`.
@@ -44,12 +43,13 @@ impl<C: Call> Dispatch<'_, C> {
     pub(super) async fn hedged(
         &self,
         primary: usize,
-        primary_ticket: Ticket,
+        admitted: Admitted,
         hedge: Hedge,
         excluded: &mut Vec<Exclusion>,
     ) -> Step<C::Answer> {
         let routes = self.ledger.model.upstreams();
-        let first = self.attempt(primary, primary_ticket, false);
+        let primary_ticket = admitted.ticket;
+        let first = self.attempt(primary, admitted, false);
         tokio::pin!(first);
         let done = tokio::select! {
             done = &mut first => Some(done),
@@ -64,9 +64,10 @@ impl<C: Call> Dispatch<'_, C> {
         if let Some(result) = done {
             return single(result);
         }
-        let Some(backup_ticket) = self.admit(&routes[hedge.backup], excluded) else {
+        let Some(backup) = self.admit(&routes[hedge.backup], excluded).await else {
             return single(first.await);
         };
+        let backup_ticket = backup.ticket;
         tracing::debug!(
             primary = %routes[primary].endpoint_id,
             backup = %routes[hedge.backup].endpoint_id,
@@ -74,7 +75,7 @@ impl<C: Call> Dispatch<'_, C> {
             "hedging: the primary has not answered, sending the backup"
         );
         crate::telemetry::metrics::hedge_sent(self.ledger.model.id());
-        let second = self.attempt(hedge.backup, backup_ticket, true);
+        let second = self.attempt(hedge.backup, backup, true);
         tokio::pin!(second);
         let (winner, result, loser, loser_ticket) = tokio::select! {
             result = &mut first => (primary, result, hedge.backup, backup_ticket),

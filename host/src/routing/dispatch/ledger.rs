@@ -18,10 +18,12 @@ use super::super::RoutingContext;
 use super::super::health::{Outcome, Ticket};
 use super::super::inflight::InFlightGuard;
 use super::super::key_pools::is_key_rejection;
+use super::super::peers::AdmissionGuard;
 use super::super::prefill::PrefillLease;
 use super::super::select::Plan;
 use super::super::table::ModelEntry;
 use super::attempt_log::{self, AttemptLog};
+use super::attempts::Admitted;
 
 /// The books of one request: opens an [`AttemptLedger`] per attempt and books what the attempt
 /// loop itself decides (a served caller's key binding, a cancelled hedge).
@@ -41,17 +43,18 @@ pub(super) struct RequestLedger<'a> {
 
 impl RequestLedger<'_> {
     /// Opens the books of an attempt at the upstream at `position` of the model's list, admitted
-    /// with `ticket`: counts it in flight and against the local quota and, for chat, takes its
+    /// by `admitted`: counts it in flight and against the local quota and, for chat, takes its
     /// prefill lease. `hedge`: the backup of a latency hedge; `trace` is the attempt's span,
     /// ended with the attempt.
     pub fn open(
         &self,
         position: usize,
         upstream: &ModelUpstream,
-        ticket: Ticket,
+        admitted: Admitted,
         hedge: bool,
         trace: AttemptTrace,
     ) -> AttemptLedger {
+        let Admitted { ticket, guard } = admitted;
         let ctx = self.ctx;
         let in_flight = ctx.inflight.enter(&upstream.endpoint_id);
         ctx.attempts.on_attempt(&upstream.endpoint_id); // RouteWise's local quota counter
@@ -81,6 +84,7 @@ impl RequestLedger<'_> {
             log: self.log.clone(),
             trace,
             _in_flight: in_flight,
+            _admission: guard,
         }
     }
 
@@ -143,6 +147,8 @@ pub(super) struct AttemptLedger {
     trace: AttemptTrace,
     /// Counts the attempt in flight until it is dropped: with the relay, for a stream.
     _in_flight: InFlightGuard,
+    /// The fleet's admission of a stateful route (a concurrency slot), given back on drop.
+    _admission: Option<AdmissionGuard>,
 }
 
 impl AttemptLedger {
