@@ -150,6 +150,9 @@ impl Gateway {
             )?),
             None => None,
         };
+        if let Some(fleet) = &fleet {
+            extension.on_fleet(fleet);
+        }
         let mut table = routing.table;
         table.set_key_generation(routing_context.keys.generation());
         Ok(Gateway {

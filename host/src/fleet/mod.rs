@@ -99,6 +99,9 @@ pub struct Fleet {
     counters: Counters,
     /// Concurrency slots this replica holds: slot id → the pool's set.
     held_slots: Mutex<HashMap<String, String>>,
+    /// The fleet's request count of each quota pool this replica has admitted to, for its local
+    /// day: learnt from every admission and re-read with each backlog exchange.
+    quota_counts: Mutex<HashMap<String, (chrono::NaiveDate, u64)>>,
     next_slot: AtomicU64,
     /// Replicas whose backlog publication is fresh (this one included).
     replicas_seen: AtomicU64,
@@ -152,6 +155,7 @@ impl Fleet {
             link: Mutex::new(Link::default()),
             counters: Counters::default(),
             held_slots: Mutex::new(HashMap::new()),
+            quota_counts: Mutex::new(HashMap::new()),
             next_slot: AtomicU64::new(1),
             replicas_seen: AtomicU64::new(0),
             quota_script: redis::Script::new(gate::QUOTA_SCRIPT),
@@ -318,6 +322,9 @@ impl Fleet {
                 self.within_deadline(call.invoke_async::<i64>(&mut conn))
                     .await
                     .map(|n| {
+                        // Refused: the pool is at its limit.
+                        let count = u64::try_from(n).unwrap_or(*limit);
+                        self.quota_counts.lock().insert(pool.clone(), (day, count));
                         (n < 0).then(|| {
                             format!("fleet quota of pool {pool} spent ({limit} requests today)")
                         })
@@ -373,6 +380,16 @@ impl Fleet {
                 Admission::Granted(None)
             }
         }
+    }
+}
+
+impl crate::routewise::quota::SharedQuotaCounts for Fleet {
+    fn used(&self, pool: &str, day: chrono::NaiveDate) -> Option<u64> {
+        self.quota_counts
+            .lock()
+            .get(pool)
+            .filter(|(d, _)| *d == day)
+            .map(|(_, n)| *n)
     }
 }
 
@@ -746,10 +763,39 @@ async fn exchange_backlog(fleet: Weak<Fleet>, routing: RoutingContext) {
                 routing.prefill.set_remote(HashMap::new());
             }
         }
+        refresh_quota_counts(&fleet).await;
         if last_renewal.elapsed() >= gate::SLOT_RENEW {
             last_renewal = tokio::time::Instant::now();
             renew_slots(&fleet).await;
         }
+    }
+}
+
+/// Re-reads the fleet's count of every quota pool this replica knows, for today.
+async fn refresh_quota_counts(fleet: &Fleet) {
+    let day = chrono::Local::now().date_naive();
+    let pools: Vec<String> = fleet.quota_counts.lock().keys().cloned().collect();
+    if pools.is_empty() {
+        return;
+    }
+    let keys: Vec<String> = pools
+        .iter()
+        .map(|pool| fleet.key(&format!("quota:{pool}:{day}")))
+        .collect();
+    let mut conn = fleet.conn.clone();
+    let mut read = redis::cmd("MGET");
+    read.arg(&keys);
+    let Ok(Ok(counts)) = tokio::time::timeout(
+        Duration::from_secs(2),
+        read.query_async::<Vec<Option<u64>>>(&mut conn),
+    )
+    .await
+    else {
+        return;
+    };
+    let mut known = fleet.quota_counts.lock();
+    for (pool, count) in pools.into_iter().zip(counts) {
+        known.insert(pool, (day, count.unwrap_or(0)));
     }
 }
 

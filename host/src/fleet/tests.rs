@@ -127,6 +127,16 @@ async fn quota_and_slots_are_never_over_admitted_across_replicas() {
         admitted += usize::from(t.await.unwrap());
     }
     assert_eq!(admitted, 7, "exactly the quota, across both replicas");
+    // Each replica's RouteWise quota counter reads the fleet's count, not its own half.
+    use crate::routewise::quota::SharedQuotaCounts;
+    let today = chrono::Local::now().date_naive();
+    for r in &replicas {
+        until("the replica knows the fleet's count", || {
+            r.used("m:e1", today).is_some_and(|n| n == 7)
+                || r.used(&format!("m:{}", quota.endpoint_id), today) == Some(7)
+        })
+        .await;
+    }
 
     let mut held = Vec::new();
     for i in 0..4 {

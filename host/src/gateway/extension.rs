@@ -47,6 +47,9 @@ pub trait Extension: AttemptObserver {
     /// hold the gateway weakly and end when it is dropped.
     fn spawn_tasks(&self, _gateway: &Arc<Gateway>) {}
 
+    /// The gateway joined a fleet: state the extension counts may be shared through it.
+    fn on_fleet(&self, _fleet: &Arc<crate::fleet::Fleet>) {}
+
     /// A scrape of `/metrics` is about to render: set the extension's gauges
     /// (`crate::telemetry::metrics::state`) from its live state.
     fn refresh_metrics(&self) {}

@@ -55,6 +55,12 @@ impl Extension for RouteWiseHost {
         );
     }
 
+    /// The local quota counter reads the fleet's count of each pool (the fleet's gate counts
+    /// every replica's requests).
+    fn on_fleet(&self, fleet: &Arc<crate::fleet::Fleet>) {
+        self.quota.share_counts(fleet.clone());
+    }
+
     /// Each quota route's headroom, where its snapshot states a limit.
     fn refresh_metrics(&self) {
         for (model, endpoint, headroom) in self.quota.headroom() {

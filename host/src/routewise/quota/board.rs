@@ -44,6 +44,15 @@ pub(super) struct BoardState {
 pub struct QuotaBoard {
     pub(super) clock: Arc<dyn Clock>,
     pub(super) state: Mutex<BoardState>,
+    /// The fleet's count of each pool's requests today, when a fleet shares them.
+    shared: std::sync::OnceLock<Arc<dyn SharedQuotaCounts>>,
+}
+
+/// Requests sent to a quota pool on a local day by every replica of a fleet
+/// ([`crate::fleet::Fleet`] counts them as it admits them).
+pub trait SharedQuotaCounts: Send + Sync {
+    /// The fleet's count, if it has one for that pool and day.
+    fn used(&self, pool: &str, day: chrono::NaiveDate) -> Option<u64>;
 }
 
 impl std::fmt::Debug for QuotaBoard {
@@ -69,6 +78,7 @@ impl QuotaBoard {
         Self {
             clock,
             state: Mutex::new(BoardState::default()),
+            shared: std::sync::OnceLock::new(),
         }
     }
 
@@ -269,10 +279,22 @@ impl QuotaBoard {
         }
     }
 
-    /// The local counter's reading of `pool` now.
+    /// Counts local-counter pools across the fleet from now on.
+    pub fn share_counts(&self, shared: Arc<dyn SharedQuotaCounts>) {
+        let _ = self.shared.set(shared);
+    }
+
+    /// The local counter's reading of `pool` now: this process's count, or the fleet's when a
+    /// fleet shares it (the fleet's includes this process's, so the larger is the truer).
     pub(super) fn local_used(&self, pool: &str, now: u64) -> u64 {
         let today = self.clock.local_date(now);
-        self.state.lock().counter.used(pool, today)
+        let own = self.state.lock().counter.used(pool, today);
+        let fleet = self
+            .shared
+            .get()
+            .and_then(|s| s.used(pool, today))
+            .unwrap_or(0);
+        own.max(fleet)
     }
 
     /// Logs each diagnostic that is new or changed since the last call (one warning per route),

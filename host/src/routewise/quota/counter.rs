@@ -1,7 +1,8 @@
 //! The gateway-side request counter behind `local_quota_fallback: true`.
 //!
 //! What it is, exactly: a count **per process** (each replica counts its own; a restart starts from
-//! zero) of the **requests** this process dispatched to a quota pool — one per attempt sent to any
+//! zero; with a fleet the board reads the fleet's count instead, see
+//! [`super::SharedQuotaCounts`]) of the **requests** this process dispatched to a quota pool — one per attempt sent to any
 //! route of the pool, fallbacks included; never tokens or spend — since the last **server-local
 //! midnight**. So it can only model a daily request cap that resets at local midnight; a provider
 //! whose window is rolling, monthly or reset at another hour needs a real `quota_source`.

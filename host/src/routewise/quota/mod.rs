@@ -36,7 +36,7 @@ mod tests;
 
 use serde::{Deserialize, Serialize};
 
-pub use board::QuotaBoard;
+pub use board::{QuotaBoard, SharedQuotaCounts};
 pub use counter::{Clock, LocalCounter, SystemClock};
 pub use fetch::{FetchError, Provider, UsageRecord};
 pub use guard::{EnvelopeNotCalibratedError, SingleWorkerGuardError, cold_start, replica_guard};
