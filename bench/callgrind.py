@@ -8,6 +8,9 @@ phase up with instrumentation off, then counts a fixed number of sequential requ
 `callgrind_control -i on/off`, `--repeat` times (default 3), dumping each window separately. Counts
 are the gateway's user-space instructions only; they do not depend on the machine's load, so two
 binaries compare exactly. `SWITCHYARD_METRICS=off` in the environment counts without metrics.
+`--traces` turns traces on: the gateway exports OTLP to a sink this script serves on loopback
+(it answers every POST with 200 and keeps nothing), so a run with and one without it give what
+traces cost per request, exporting included.
 
 Periodic work is kept out of the windows where it can be: strategy ticks are off, and each window
 starts after the request log has written the rows of what came before (it flushes every 250 ms).
@@ -92,6 +95,27 @@ def top_functions(path, n=25):
     return rows[:n]
 
 
+def start_otlp_sink():
+    """An OTLP/HTTP endpoint that accepts every export and keeps nothing; returns its port."""
+    import http.server
+    import threading
+
+    class Sink(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            self.send_response(200)
+            self.send_header("content-type", "application/x-protobuf")
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server.server_address[1]
+
+
 def main():
     if shutil.which("valgrind") is None:
         bench.sh("apt-get", "install", "-y", "-qq", "valgrind")
@@ -99,6 +123,11 @@ def main():
     work = Path(tempfile.mkdtemp(prefix="switchyard-callgrind-"))
     env = dict(os.environ, RUST_LOG="warn", ROUTING_AFFINITY_ENABLED="0", SWITCHYARD_DEFAULT_AUTH="disabled",
                SWITCHYARD_BUILTIN_STRATEGIES=str(bench.target_dir() / "strategies"))
+    traces = "--traces" in sys.argv
+    if traces:
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{start_otlp_sink()}"
+        # Export once a second, so each counted window holds its share of exports.
+        env["OTEL_BSP_SCHEDULE_DELAY"] = "1000"
     bench.PORTS["mock"] = PORT_MOCK
     bench.PORTS["slow_mock"] = PORT_MOCK
     # Only the measured models: each wasm instance reserves 4 GiB of address space, and valgrind's
@@ -163,6 +192,7 @@ def main():
         out.mkdir(parents=True, exist_ok=True)
         (out / "callgrind.json").write_text(json.dumps({"requests_per_phase": REQUESTS, "repeat": REPEAT,
                                                         "metrics": os.environ.get("SWITCHYARD_METRICS", "on"),
+                                                        "traces": "on" if traces else "off",
                                                         "phases": results}, indent=2))
         print()
         for r in results:
