@@ -2,7 +2,8 @@
 //! reaches the limit, then refused with a 402 in its client's dialect (with `Retry-After`) before
 //! any upstream is contacted (counted at the mock), the request log says which budget refused,
 //! and a restarted gateway on the same database still refuses (the spend is read back from the
-//! request log). A soft budget keeps serving. The admin API's 422/404/409 rules.
+//! request log). A soft budget keeps serving; two replicas of a fleet spend one budget through
+//! Redis. The admin API's 422/404/409 rules.
 
 use std::time::Duration;
 
@@ -425,4 +426,67 @@ async fn the_admin_api_refuses_bad_budgets_with_422_404_and_409() {
         "{}",
         doc["paths"]
     );
+}
+
+/// Two replicas on one PostgreSQL schema and one Redis: one budget, whichever replica serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_of_a_fleet_spend_one_budget() {
+    let mock = priced_mock().await;
+    let schema = crate::harness::PgSchema::create().await;
+    let prefix = format!("sy-e2e-budgets-{:016x}", rand::random::<u64>());
+    let body = format!(
+        "fleet:\n  redis_url: redis://127.0.0.1:6379\n  key_prefix: {prefix}\n{}",
+        config(&mock)
+    );
+    // One at a time: the first one migrates the schema.
+    let a = Gateway::start_on(Some(&schema.url), &body, ENV);
+    let b = Gateway::start_on(Some(&schema.url), &body, ENV);
+    let admin = Admin::of(&a);
+    let (alice, _, key) = admin.consumer("alice", &[], &[]).await;
+    let budget = admin
+        .post(
+            "/admin/budgets",
+            json!({"scope": "consumer", "subject": alice, "period": "week", "limit_usd": 2.5}),
+        )
+        .await;
+    let id = budget["id"].as_str().unwrap().to_owned();
+    budgeted(&a, &key).await;
+    budgeted(&b, &key).await;
+
+    for (replica, left) in [(&a, 1.5), (&b, 0.5), (&a, -0.5)] {
+        let (status, h, body) = send(replica, "/v1/chat/completions", &key, chat()).await;
+        assert_eq!(status, 200, "{body}");
+        // The replica that served knows at once; the spend before it came from the other one
+        // (read back within a second, which the requests here leave time for or not).
+        assert!(remaining(&h) >= left, "{h:?}");
+    }
+    // Within a refresh, both replicas count all three requests (read without spending: a chat
+    // sent to a replica that has not seen the other's spend yet would be served) and refuse.
+    for replica in [&a, &b] {
+        eventually(
+            Duration::from_secs(5),
+            "the replica sees the fleet's spend",
+            || async {
+                reqwest::Client::new()
+                    .get(replica.url("/v1/models"))
+                    .bearer_auth(&key)
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.headers().get(REMAINING).is_some_and(|v| v == "-0.500000"))
+            },
+        )
+        .await;
+        let (status, h, body) = send(replica, "/v1/chat/completions", &key, chat()).await;
+        assert_eq!(status, 402, "{body}");
+        assert_eq!(remaining(&h), -0.5);
+    }
+    assert_eq!(
+        mock.chat_requests().await,
+        3,
+        "three served between the two replicas"
+    );
+    let view = Admin::of(&b)
+        .call(reqwest::Method::GET, &format!("/admin/budgets/{id}"), None)
+        .await;
+    assert_eq!(view["spent_usd"], 3.0, "{view}");
 }
