@@ -124,6 +124,8 @@ pub struct Gateway {
     pub limits: Arc<dyn crate::server::rate_limit::LimitStore>,
     /// The fleet this replica belongs to (`fleet:`); `None`: its routing state is its own.
     pub fleet: Option<Arc<crate::fleet::Fleet>>,
+    /// Budgets' spend: the fleet's ledger (Redis) with `fleet:`, else this process's own.
+    pub budgets: Arc<crate::server::budget::Budgets>,
 }
 
 impl Gateway {
@@ -175,6 +177,10 @@ impl Gateway {
                 Some(fleet) => Arc::new(crate::fleet::limits::FleetLimits::new(fleet.clone())),
                 None => Arc::new(crate::server::rate_limit::InProcessLimits::default()),
             },
+            budgets: Arc::new(crate::server::budget::Budgets::new(match &fleet {
+                Some(fleet) => crate::fleet::budgets::FleetLedger::start(fleet.clone()),
+                None => Arc::new(crate::server::budget::InProcessLedger::default()),
+            })),
             fleet,
             config,
         })
@@ -249,6 +255,10 @@ impl Gateway {
             .on_table(&self.table(), self.store.as_ref())
             .await;
         *self.inbound_routes.write() = Arc::new(RouteSet::build(&self.config, &snapshot));
+        // Before the snapshot is served: no budget is enforced before its spend is known.
+        if let Some(store) = &self.store {
+            self.budgets.seed(&snapshot, store).await;
+        }
         *self.snapshot.write() = snapshot;
     }
 

@@ -10,6 +10,7 @@ mod databases;
 mod harness;
 
 mod affinity;
+mod budgets;
 mod config_errors;
 mod dashboard;
 mod database_health;

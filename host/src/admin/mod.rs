@@ -1,7 +1,8 @@
 //! The admin room: everything an operator calls. [`router`] is all of it, for the server to mount:
 //!
 //! - the management API ([`management_router`]): CRUD for routes and their plugin configs,
-//!   consumers and their keys, providers, upstreams with their keys, and upstream model mappings;
+//!   consumers and their keys, budgets, providers, upstreams with their keys, and upstream model
+//!   mappings;
 //!   RouteWise settings; the store's sync status; the request log ([`logs`]); and the OpenAPI
 //!   document generated from these handlers. Writes go straight to the database; the request path sees them through its
 //!   snapshot, which [`crate::store::Store::spawn_sync`] reloads on every change, in this process
@@ -18,6 +19,7 @@
 //! secrets are always masked.
 
 pub mod auth;
+mod budgets;
 mod consumers;
 pub mod dashboard;
 pub mod error;
@@ -112,6 +114,16 @@ pub fn management_router() -> Router<Arc<Gateway>> {
             get(consumers::get_key)
                 .patch(consumers::update_key)
                 .delete(consumers::delete_key),
+        )
+        .route(
+            "/admin/budgets",
+            get(budgets::list_budgets).post(budgets::create_budget),
+        )
+        .route(
+            "/admin/budgets/{id}",
+            get(budgets::get_budget)
+                .patch(budgets::update_budget)
+                .delete(budgets::delete_budget),
         )
         .route(
             "/admin/providers",
@@ -216,7 +228,7 @@ pub fn api_doc() -> utoipa::openapi::OpenApi {
 #[openapi(
     info(
         title = "Switchyard management API",
-        description = "Routes, plugin configs, consumers and keys, providers, upstreams, upstream keys and model mappings, and the request log. Every endpoint needs `Authorization: Bearer <admin token>` or the API key of a consumer with role `admin`."
+        description = "Routes, plugin configs, consumers and keys, budgets, providers, upstreams, upstream keys and model mappings, and the request log. Every endpoint needs `Authorization: Bearer <admin token>` or the API key of a consumer with role `admin`."
     ),
     paths(
         store_status,
@@ -241,6 +253,11 @@ pub fn api_doc() -> utoipa::openapi::OpenApi {
         consumers::get_key,
         consumers::update_key,
         consumers::delete_key,
+        budgets::list_budgets,
+        budgets::create_budget,
+        budgets::get_budget,
+        budgets::update_budget,
+        budgets::delete_budget,
         upstreams::list_providers,
         upstreams::create_provider,
         upstreams::get_provider,
@@ -272,6 +289,7 @@ pub fn api_doc() -> utoipa::openapi::OpenApi {
     tags(
         (name = "routes", description = "Routes and their plugin configs"),
         (name = "consumers", description = "Consumers and their API keys"),
+        (name = "budgets", description = "Spending limits of consumers and consumer groups"),
         (name = "upstreams", description = "Providers, upstreams, upstream keys and model mappings"),
         (name = "store", description = "Sync status and this document"),
         (name = "logs", description = "The request log"),

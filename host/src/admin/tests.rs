@@ -581,6 +581,8 @@ async fn the_openapi_document_lists_every_path() {
             "/admin/consumers/{id}/keys/{key_id}",
             &["get", "patch", "delete"],
         ),
+        ("/admin/budgets", &["get", "post"]),
+        ("/admin/budgets/{id}", &["get", "patch", "delete"]),
         ("/admin/providers", &["get", "post"]),
         ("/admin/providers/{id}", &["get", "patch", "delete"]),
         ("/admin/upstreams", &["get", "post"]),
@@ -612,13 +614,15 @@ async fn the_openapi_document_lists_every_path() {
             assert!(op["responses"]["401"].is_object(), "{m} {path}: no 401");
         }
     }
-    assert_eq!(paths.len(), 25, "{:?}", paths.keys().collect::<Vec<_>>());
+    assert_eq!(paths.len(), 27, "{:?}", paths.keys().collect::<Vec<_>>());
     let schemas = doc["components"]["schemas"].as_object().unwrap();
     for schema in [
         "Route",
         "NewRoute",
         "CreatedConsumerKey",
         "UpstreamKey",
+        "BudgetView",
+        "NewBudget",
         "ErrorBody",
     ] {
         assert!(schemas.contains_key(schema), "{schema} missing");

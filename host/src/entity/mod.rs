@@ -13,10 +13,12 @@
 //! - `inbound_route.rs`: inbound path-prefix routes ([`Route`]) and their [`PluginConfig`]s;
 //! - `rate_limit.rs`: the `rate-limit` plugin's config ([`RateLimitConfig`]);
 //! - `consumer.rs`: [`Consumer`]s, their [`Role`] and their API keys ([`ConsumerKey`]);
+//! - `budget.rs`: [`Budget`]s of consumers and consumer groups, and their periods;
 //! - `upstream.rs`: [`Provider`]s, their [`Upstream`]s, [`UpstreamKey`]s, [`UpstreamModel`]
 //!   mappings and [`KeyReservation`]s of keys configured outside the database;
 //! - `secret.rs`: [`Secret`], masking and hashing of secrets.
 
+mod budget;
 mod consumer;
 mod inbound_route;
 mod rate_limit;
@@ -25,6 +27,7 @@ mod upstream;
 
 use serde::{Deserialize, Deserializer};
 
+pub use budget::*;
 pub use consumer::*;
 pub use inbound_route::*;
 pub use rate_limit::*;

@@ -12,6 +12,7 @@
 //! | key quieting, key bindings | pub/sub + a key each with its period as TTL | eventual; reads are local |
 //! | prefill backlog | each replica writes its own every `backlog_publish_ms`, reads the others' | stale by at most two periods |
 //! | quota and concurrency | a Lua script per attempt ([`gate`]) | exact: the check and the reservation are one atomic step |
+//! | budgets' spend | `INCRBYFLOAT` per request in the background, read back every second ([`budgets`]) | a second behind, plus the requests in flight |
 //!
 //! What stays per process: availability EWMAs (each replica judges an endpoint by its own
 //! traffic; averaging them would need a round trip per attempt and buys little), in-flight
@@ -26,6 +27,7 @@
 //! Redis is connected is skipped for that attempt instead (a quota must not be overspent because
 //! Redis was slow).
 
+pub mod budgets;
 pub mod events;
 pub mod gate;
 pub mod limits;

@@ -311,3 +311,46 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn budget_spend_is_one_counter_for_the_fleet_seeded_once() {
+    use crate::server::budget::{BudgetLedger, LedgerKey};
+    let config = config("budgets");
+    let (a, _ra) = replica(&config).await;
+    let (b, _rb) = replica(&config).await;
+    let (la, lb) = (
+        budgets::FleetLedger::start(a.clone()),
+        budgets::FleetLedger::start(b.clone()),
+    );
+    let key = LedgerKey {
+        budget_id: "bg_1".into(),
+        period_start_ms: 1_000,
+        period_end_ms: Some(i64::MAX / 2),
+    };
+    // The first seed sets the counter; a replica seeding later (or again) finds it.
+    la.seed(&key, 2.0).await;
+    lb.seed(&key, 2.0).await;
+    assert!(la.is_seeded(&key) && lb.is_seeded(&key));
+    assert_eq!((la.spent(&key), lb.spent(&key)), (2.0, 2.0));
+    // Each replica sees its own charge at once, and the other's within a refresh.
+    la.charge(&key, 0.5);
+    lb.charge(&key, 0.25);
+    assert_eq!(la.spent(&key), 2.5);
+    until("both replicas see 2.75", || {
+        la.spent(&key) == 2.75 && lb.spent(&key) == 2.75
+    })
+    .await;
+    let mut conn = a.conn.clone();
+    let stored: f64 = redis::cmd("GET")
+        .arg(a.key("budget:bg_1:1000"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(stored, 2.75);
+    // Another period is another counter.
+    let next = LedgerKey {
+        period_start_ms: 2_000,
+        ..key.clone()
+    };
+    assert_eq!(lb.spent(&next), 0.0);
+}

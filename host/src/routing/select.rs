@@ -36,6 +36,9 @@ pub struct RequestFacts {
     pub role: Option<crate::entity::Role>,
     /// The caller's own credential goes upstream (pass-through route): key pools do not apply.
     pub own_credential: bool,
+    /// The smallest remaining USD among the caller's budgets, hard or soft (below 0 once one is
+    /// passed); `None` for a caller without budgets. Strategies see it as `remaining-budget-usd`.
+    pub remaining_budget_usd: Option<f64>,
 }
 
 /// A upstream left out before or during dispatch, and why.
@@ -418,8 +421,7 @@ pub async fn select_at(
             elephant_tokens: p.elephant_tokens,
             elephant_limit: p.elephant_limit,
         },
-        // Budgets do not exist yet (the governance issue adds them).
-        remaining_budget_usd: None,
+        remaining_budget_usd: facts.remaining_budget_usd,
     };
     let (mut order, hedge, strategy_metadata, strategy_error) =
         match model.router.select(&request, &candidates).await {

@@ -52,6 +52,10 @@ pub enum GatewayError {
     /// A limit of the route's `rate-limit` plugin refused the request; nothing was sent upstream.
     #[error("{}", .0.message)]
     RateLimited(Box<super::rate_limit::RateLimited>),
+    /// A hard budget of the caller's consumer (its own or a group's) is spent; nothing was sent
+    /// upstream. 402, not 429: the SDKs retry 429 by themselves, and waiting does not help.
+    #[error("{}", .0.message)]
+    BudgetExceeded(Box<super::budget::BudgetExceeded>),
     /// The route's stored `rate-limit` config does not read, so its requests are refused rather
     /// than served unlimited.
     #[error("the route `{route}` has a rate-limit config that does not read: {message}")]
@@ -72,6 +76,7 @@ impl GatewayError {
             GatewayError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             GatewayError::ShuttingDown(_) => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
+            GatewayError::BudgetExceeded(_) => StatusCode::PAYMENT_REQUIRED,
             GatewayError::RateLimitMisconfigured { .. } => StatusCode::INTERNAL_SERVER_ERROR,
             GatewayError::NoRoute(SelectionError::PinNotFound { .. }) => StatusCode::BAD_REQUEST,
             GatewayError::NoRoute(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -108,10 +113,12 @@ impl GatewayError {
         ) && !matches!(self.status().as_u16(), 400..=407 | 409..=428)
     }
 
-    /// Which limit refused the request (`consumer:rpm`), for the request log.
+    /// Which limit refused the request (`consumer:rpm`, or a budget: `budget:consumer:<id>`),
+    /// for the request log.
     pub fn rate_limited_by(&self) -> Option<String> {
         match self {
             GatewayError::RateLimited(r) => Some(r.limit.clone()),
+            GatewayError::BudgetExceeded(b) => Some(b.refused_by.clone()),
             _ => None,
         }
     }
@@ -130,6 +137,7 @@ impl GatewayError {
             // OpenAI's own rate-limit 429s: `requests` or `tokens`, code `rate_limit_exceeded`.
             GatewayError::RateLimited(r) if r.limit.ends_with(":tpm") => "tokens",
             GatewayError::RateLimited(_) => "requests",
+            GatewayError::BudgetExceeded(_) => "budget_exceeded",
             GatewayError::RateLimitMisconfigured { .. } => "server_error",
             // OpenAI's own 401s are `invalid_request_error` with code `invalid_api_key`.
             GatewayError::Unauthorized(_) => "invalid_request_error",
@@ -154,6 +162,7 @@ impl GatewayError {
             GatewayError::BodyTimeout(_) => "request_timeout",
             GatewayError::ShuttingDown(_) => "shutting_down",
             GatewayError::RateLimited(_) => "rate_limit_exceeded",
+            GatewayError::BudgetExceeded(_) => "budget_exceeded",
             GatewayError::RateLimitMisconfigured { .. } => "rate_limit_misconfigured",
             GatewayError::NoRoute(SelectionError::PinNotFound { .. }) => "pin_not_found",
             GatewayError::NoRoute(SelectionError::MissingModality { .. }) => "unsupported_modality",
@@ -179,6 +188,7 @@ impl GatewayError {
             GatewayError::BodyTimeout(_) => "caller_body_timeout",
             GatewayError::ShuttingDown(_) => "gateway_shutting_down",
             GatewayError::RateLimited(_) => "caller_rate_limited",
+            GatewayError::BudgetExceeded(_) => "caller_budget_exceeded",
             GatewayError::RateLimitMisconfigured { .. } => "gateway_rate_limit_misconfigured",
             GatewayError::NoRoute(SelectionError::PinNotFound { .. }) => "caller_pin_not_found",
             GatewayError::NoRoute(SelectionError::MissingModality { .. }) => {
@@ -267,6 +277,12 @@ impl GatewayError {
             GatewayError::RateLimited(r) => Some((r.retry_after_seconds, r.headers)),
             _ => None,
         };
+        // A spent budget says when its period ends (a `never` budget: no Retry-After).
+        let budget_retry = match &self {
+            GatewayError::BudgetExceeded(b) => b.retry_after_seconds,
+            _ => None,
+        };
+        let budget_exceeded = matches!(self, GatewayError::BudgetExceeded(_));
         if status.is_server_error() {
             tracing::warn!(status = status.as_u16(), "request failed: {self}");
         }
@@ -284,6 +300,11 @@ impl GatewayError {
             Dialect::AnthropicMessages => {
                 let message = openai["error"]["message"].as_str().unwrap_or_default();
                 let mut body = dialect.error_body(status.as_u16(), message);
+                if budget_exceeded {
+                    // Anthropic's envelope, with a type of its own (Anthropic's 402 is a
+                    // `billing_error` about the account, not a gateway's budget).
+                    body["error"]["type"] = "budget_exceeded_error".into();
+                }
                 if let (Some(from), Some(to)) = (
                     openai["error"].as_object(),
                     body.get_mut("error").and_then(|e| e.as_object_mut()),
@@ -313,6 +334,12 @@ impl GatewayError {
                 axum::http::HeaderValue::from(retry_after),
             );
             headers.apply(h);
+        }
+        if let Some(retry_after) = budget_retry {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(retry_after),
+            );
         }
         response
     }

@@ -23,12 +23,13 @@ use crate::telemetry::trace::{RequestTrace, Served};
 use crate::upstream::upstream_dialect;
 
 use super::auth::{self, Principal};
+use super::budget::BudgetCharge;
 use super::rate_limit::{self, Admitted};
 use super::{
     GatewayError, attributed_row, caller, clamp_i32, failed_attempts_json, log_request,
     with_attempts,
 };
-use crate::entity::RateLimitConfig;
+use crate::entity::{Budget, RateLimitConfig};
 use crate::inbound_routes::{Endpoint, RouteMatch};
 
 /// What authentication and the inbound route decided for one request.
@@ -39,12 +40,23 @@ struct Admission {
     route_id: String,
     /// The route's `rate-limit` plugin (see [`crate::inbound_routes::InboundRoute::rate_limit`]).
     rate_limit: Option<Result<Arc<RateLimitConfig>, String>>,
+    /// The budgets of the caller's consumer (its own, then its groups'); empty without one.
+    budgets: Arc<[Budget]>,
+}
+
+/// What a request admitted by its route's limits and its budgets carries to its end.
+struct Cleared {
+    /// The rate limits' reservation (`None`: the route has no `rate-limit` plugin).
+    limits: Option<Admitted>,
+    /// The charge to the caller's budgets, booked when dropped (`None`: no budgets).
+    charge: Option<BudgetCharge>,
 }
 
 impl Admission {
     /// Routing facts common to every endpoint.
-    fn facts(&self, caller: &caller::Caller, call: Capability) -> RequestFacts {
+    fn facts(&self, gateway: &Gateway, caller: &caller::Caller, call: Capability) -> RequestFacts {
         RequestFacts {
+            remaining_budget_usd: gateway.budgets.remaining(&self.budgets),
             caller: caller.key.clone(),
             caller_hash: caller.hash,
             call,
@@ -68,6 +80,47 @@ impl Admission {
 
     fn credential(&self) -> Option<Arc<str>> {
         self.principal.upstream_credential.as_deref().map(Arc::from)
+    }
+
+    /// Admits one request to `model` before any upstream is contacted: the caller's budgets
+    /// (a spent hard budget refuses with 402), then the route's rate limits (checked and
+    /// reserved). A refusal is logged (request log, metrics) here; the caller only returns it.
+    #[allow(clippy::too_many_arguments)]
+    async fn admit(
+        &self,
+        gateway: &Gateway,
+        caller: &caller::Caller,
+        model: &ModelEntry,
+        prompt_tokens: u32,
+        started: Instant,
+        dialect: Dialect,
+        operation: Operation,
+    ) -> Result<Cleared, GatewayError> {
+        let admitted = match gateway.budgets.check(&self.budgets) {
+            Ok(()) => self.limit(gateway, caller, model, prompt_tokens).await,
+            Err(refused) => {
+                metrics::budget_refused(refused.scope);
+                Err(GatewayError::BudgetExceeded(Box::new(refused)))
+            }
+        };
+        match admitted {
+            Ok(limits) => Ok(Cleared {
+                limits,
+                charge: gateway.budgets.charge_on_drop(&self.budgets),
+            }),
+            Err(e) => {
+                record_failure(
+                    gateway,
+                    self.log_row(),
+                    model,
+                    &e,
+                    started,
+                    dialect,
+                    operation,
+                );
+                Err(e)
+            }
+        }
     }
 
     /// Checks and reserves the route's rate limits for one request to `model`, before any
@@ -167,12 +220,20 @@ pub async fn handle(
             return GatewayError::from(e).response_in(dialect);
         }
     };
+    let budgets: Arc<[Budget]> = match &principal.consumer_id {
+        Some(id) => snapshot
+            .budgets_of(id, &principal.consumer_groups)
+            .cloned()
+            .collect(),
+        None => Arc::from([]),
+    };
     let admission = Admission {
         principal,
         max_attempts: route.max_attempts,
         route_name: route.name.clone(),
         route_id: route.id.clone(),
         rate_limit: route.rate_limit.clone(),
+        budgets,
     };
     drop(snapshot);
     let length = parts
@@ -227,6 +288,20 @@ pub async fn handle(
     });
     if response.status().is_success() {
         trace.answered(response.status().as_u16(), None);
+    }
+    with_budget_header(response, &gateway, &admission.budgets)
+}
+
+/// Every answer to a caller with budgets says how much is left: the smallest remaining among
+/// them, USD with 6 decimals (below 0 once a soft budget, or a hard one by the requests in
+/// flight, was passed).
+fn with_budget_header(mut response: Response, gateway: &Gateway, budgets: &[Budget]) -> Response {
+    if let Some(remaining) = gateway.budgets.remaining(budgets)
+        && let Ok(value) = HeaderValue::from_str(&format!("{remaining:.6}"))
+    {
+        response
+            .headers_mut()
+            .insert("x-switchyard-budget-remaining-usd", value);
     }
     response
 }
@@ -483,26 +558,19 @@ async fn serve_chat(
         max_tokens: inbound.request.max_output_tokens,
         stream: inbound.request.stream,
         modalities,
-        ..admission.facts(&caller, capability(dialect))
+        ..admission.facts(gateway, &caller, capability(dialect))
     };
-    let limits = match admission
-        .limit(gateway, &caller, &model, inbound.prompt_tokens)
-        .await
-    {
-        Ok(limits) => limits,
-        Err(e) => {
-            record_failure(
-                gateway,
-                admission.log_row(),
-                &model,
-                &e,
-                started,
-                dialect,
-                Operation::Chat,
-            );
-            return Err(e);
-        }
-    };
+    let Cleared { limits, mut charge } = admission
+        .admit(
+            gateway,
+            &caller,
+            &model,
+            inbound.prompt_tokens,
+            started,
+            dialect,
+            Operation::Chat,
+        )
+        .await?;
     let mut waiting = Waiting::new(
         gateway,
         admission,
@@ -526,6 +594,9 @@ async fn serve_chat(
     traced_decision(trace, &model, &plan);
     let strategy_error = plan.strategy_error.clone();
     let attempts = AttemptLog::default();
+    if let Some(charge) = &mut charge {
+        charge.track(&attempts);
+    }
     let base = ApiLogRow {
         decision: serde_json::to_string(&plan.decision(&model)).ok(),
         ..admission.log_row()
@@ -647,6 +718,8 @@ async fn serve_chat(
                     ..row
                 };
                 logger.record(with_attempts(row, &attempts));
+                // The stream is over: its cost goes to the caller's budgets.
+                drop(charge);
             });
             let events = end_at_drain_deadline(gateway, events, dialect, public);
             let mut response = Response::new(Body::from_stream(futures::StreamExt::map(
@@ -816,6 +889,13 @@ fn record_failure(
     let status = err.status().as_u16();
     let rate_limited_by = err.rate_limited_by();
     match &rate_limited_by {
+        Some(budget) if budget.starts_with("budget:") => tracing::info!(
+            target: "switchyard::access",
+            model = %model.config.id,
+            status,
+            rate_limited_by = %budget,
+            "refused by a budget"
+        ),
         Some(limit) => tracing::info!(
             target: "switchyard::access",
             model = %model.config.id,
@@ -878,26 +958,19 @@ async fn serve_embeddings(
     let (caller, pin) = caller_and_pin(gateway, admission, extensions, headers);
     let facts = RequestFacts {
         prompt_tokens: u32::try_from(chars / 4).unwrap_or(u32::MAX),
-        ..admission.facts(&caller, Capability::Embeddings)
+        ..admission.facts(gateway, &caller, Capability::Embeddings)
     };
-    let limits = match admission
-        .limit(gateway, &caller, &model, facts.prompt_tokens)
-        .await
-    {
-        Ok(limits) => limits,
-        Err(e) => {
-            record_failure(
-                gateway,
-                admission.log_row(),
-                &model,
-                &e,
-                started,
-                Dialect::OpenAiChat,
-                Operation::Embeddings,
-            );
-            return Err(e);
-        }
-    };
+    let Cleared { limits, mut charge } = admission
+        .admit(
+            gateway,
+            &caller,
+            &model,
+            facts.prompt_tokens,
+            started,
+            Dialect::OpenAiChat,
+            Operation::Embeddings,
+        )
+        .await?;
     let mut waiting = Waiting::new(
         gateway,
         admission,
@@ -919,6 +992,9 @@ async fn serve_embeddings(
     plan.credential = admission.credential();
     traced_decision(trace, &model, &plan);
     let attempts = AttemptLog::default();
+    if let Some(charge) = &mut charge {
+        charge.track(&attempts);
+    }
     let base = ApiLogRow {
         decision: serde_json::to_string(&plan.decision(&model)).ok(),
         ..admission.log_row()

@@ -83,6 +83,7 @@ fn refresh(gateway: &Gateway) {
     if let Some(fleet) = &gateway.fleet {
         fleet.refresh_metrics();
     }
+    gateway.budgets.refresh_metrics(&gateway.snapshot());
     if let Some(log) = &gateway.api_log {
         let (written, dropped, failed) = log.totals();
         state::request_log(written, dropped, failed);

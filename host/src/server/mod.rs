@@ -1,6 +1,7 @@
 //! The HTTP edge: routes, request parsing, and turning answers and errors into responses.
 
 pub mod auth;
+pub mod budget;
 pub mod caller;
 pub mod error;
 mod inference;

@@ -227,6 +227,42 @@ async fn created_at(store: &Store, id: i64) -> Result<Option<i64>, StoreError> {
     at.map_err(failed(store))
 }
 
+/// What the consumers named `consumers` (the log's `consumer` column holds consumer names) spent
+/// from `since_ms` on: the sum of their rows' `cost_usd` (unpriced rows count 0). One walk down
+/// the `(consumer, created_at_ms)` index per consumer. Seeds the budgets' ledger at startup.
+pub async fn spent_since(
+    store: &Store,
+    consumers: &[String],
+    since_ms: i64,
+) -> Result<f64, StoreError> {
+    if consumers.is_empty() {
+        return Ok(0.0);
+    }
+    let names = (2..consumers.len() + 2)
+        .map(|i| format!("${i}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    // CAST: SQLite's SUM of an empty set is NULL, PostgreSQL's SUM of DOUBLE PRECISION a double.
+    let sql = format!(
+        "SELECT CAST(COALESCE(SUM(cost_usd), 0) AS DOUBLE PRECISION) FROM api_logs \
+         WHERE created_at_ms >= $1 AND consumer IN ({names})"
+    );
+    macro_rules! sum {
+        ($db:ty, $pool:expr) => {{
+            let mut q = sqlx::query_scalar::<$db, f64>(&sql).bind(since_ms);
+            for c in consumers {
+                q = q.bind(c.as_str());
+            }
+            q.fetch_one($pool).await
+        }};
+    }
+    let spent = match store.pool() {
+        Pool::Sqlite(p) => sum!(sqlx::Sqlite, p),
+        Pool::Postgres(p) => sum!(sqlx::Postgres, p),
+    };
+    spent.map_err(failed(store))
+}
+
 /// The statement [`page`] runs for `filter` (for `EXPLAIN` in the benchmark).
 pub async fn statement(store: &Store, filter: &LogFilter) -> Result<Statement, StoreError> {
     let cursor = match filter.before {

@@ -2,7 +2,7 @@
 //! ([`super::sqlite::SqliteConfigStore`]) and PostgreSQL ([`super::postgres::PgConfigStore`]).
 //! Each entity group has its own part, in its own file: [`InboundRouteStore`] (routes and plugin
 //! configs), [`ConsumerStore`] (consumers and their keys), [`UpstreamStore`] (providers, upstreams,
-//! upstream keys and models, key reservations) and [`RouteWiseSettingsStore`] (kept in the RouteWise
+//! upstream keys and models, key reservations), [`BudgetStore`] (budgets) and [`RouteWiseSettingsStore`] (kept in the RouteWise
 //! room, [`crate::routewise::store`]); [`ConfigStore`] is all of them plus the version, the change
 //! feed and the snapshot.
 //!
@@ -22,6 +22,7 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 
 use super::StoreError;
+use super::budgets::BudgetStore;
 use super::consumers::ConsumerStore;
 use super::inbound_routes::InboundRouteStore;
 use super::snapshot::Snapshot;
@@ -32,7 +33,14 @@ use crate::routewise::store::RouteWiseSettingsStore;
 /// [`StoreError::Invalid`] naming the field; uniqueness clashes are [`StoreError::Conflict`].
 #[async_trait]
 pub trait ConfigStore:
-    InboundRouteStore + ConsumerStore + UpstreamStore + RouteWiseSettingsStore + Send + Sync + 'static
+    InboundRouteStore
+    + ConsumerStore
+    + UpstreamStore
+    + BudgetStore
+    + RouteWiseSettingsStore
+    + Send
+    + Sync
+    + 'static
 {
     /// `sqlite` or `postgres`.
     fn backend(&self) -> &'static str;
@@ -227,6 +235,7 @@ macro_rules! impl_config_store {
         $crate::store::inbound_routes::impl_inbound_route_store!($store, $db);
         $crate::store::consumers::impl_consumer_store!($store, $db);
         $crate::store::upstreams::impl_upstream_store!($store, $db);
+        $crate::store::budgets::impl_budget_store!($store, $db);
         $crate::routewise::store::impl_routewise_settings_store!($store, $db);
 
         #[async_trait::async_trait]
@@ -251,6 +260,7 @@ macro_rules! impl_config_store {
             }
 
             async fn load_snapshot(&self) -> Result<$crate::store::snapshot::Snapshot, StoreError> {
+                use $crate::store::budgets::BudgetRow;
                 use $crate::store::consumers::{ConsumerKeyRow, ConsumerRow};
                 use $crate::store::inbound_routes::{PluginConfigRow, RouteRow};
                 use $crate::store::upstreams::{
@@ -276,6 +286,9 @@ macro_rules! impl_config_store {
                     upstream_keys: self.all_in::<UpstreamKeyRow>(&mut tx).await?,
                     upstream_models: self.all_in::<UpstreamModelRow>(&mut tx).await?,
                     key_reservations: self.all_in::<KeyReservationRow>(&mut tx).await?,
+                    budgets: self
+                        .select::<BudgetRow>(&mut tx, "ORDER BY created_at_ms, id", &[])
+                        .await?,
                     routewise_settings: self.routewise_rows(&mut tx).await?,
                 };
                 tx.commit().await.map_err(err)?;

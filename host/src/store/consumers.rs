@@ -46,7 +46,7 @@ pub trait ConsumerStore: Send + Sync {
     async fn create_consumer(&self, new: NewConsumer) -> Result<Consumer, StoreError>;
     async fn update_consumer(&self, id: &str, patch: ConsumerPatch)
     -> Result<Consumer, StoreError>;
-    /// Also deletes the consumer's keys.
+    /// Also deletes the consumer's keys and budgets.
     async fn delete_consumer(&self, id: &str) -> Result<(), StoreError>;
 
     async fn list_consumer_keys(&self, consumer_id: &str) -> Result<Vec<ConsumerKey>, StoreError>;
@@ -169,6 +169,13 @@ macro_rules! impl_consumer_store {
                     delete_row(
                         &mut tx,
                         "DELETE FROM consumer_api_keys WHERE consumer_id = $1",
+                        &[id],
+                    )
+                    .await
+                    .map_err(|e| self.db_error(e))?;
+                    delete_row(
+                        &mut tx,
+                        "DELETE FROM budgets WHERE scope = 'consumer' AND subject = $1",
                         &[id],
                     )
                     .await

@@ -5,7 +5,8 @@
 //! - [`ConfigStore`]: the configuration entities ([`crate::entity`]), one trait with a SQLite and a
 //!   PostgreSQL implementation, and a change feed ([`ConfigStore::watch`]). Its parts are one file
 //!   per entity group: `inbound_routes.rs` (routes, plugin configs), `consumers.rs` (consumers and
-//!   their keys), `upstreams.rs` (providers, upstreams, their keys and models, key reservations);
+//!   their keys), `upstreams.rs` (providers, upstreams, their keys and models, key reservations),
+//!   `budgets.rs` (budgets);
 //!   each declares its tables once with `table!` (`table.rs` says how to add a column). The
 //!   RouteWise settings' part lives in its room ([`crate::routewise::store`]); `config_store.rs`
 //!   requires and expands it like the others.
@@ -15,6 +16,7 @@
 
 pub mod api_log;
 pub mod api_log_query;
+mod budgets;
 mod config_store;
 mod consumers;
 mod feed;
@@ -43,6 +45,7 @@ use sqlx::{Connection, Database, PgPool, SqlitePool, TransactionManager};
 
 use health::{DatabaseFileHealth, TaskHealth};
 
+pub use budgets::BudgetStore;
 pub use config_store::ConfigStore;
 pub use consumers::ConsumerStore;
 pub use inbound_routes::InboundRouteStore;

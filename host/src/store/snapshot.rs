@@ -32,6 +32,7 @@ pub struct SnapshotRows {
     pub upstream_keys: Vec<UpstreamKey>,
     pub upstream_models: Vec<UpstreamModel>,
     pub key_reservations: Vec<KeyReservation>,
+    pub budgets: Vec<Budget>,
     /// RouteWise settings, both layers ([`crate::routewise::store`]).
     pub routewise_settings: Vec<crate::routewise::store::RouteWiseSetting>,
 }
@@ -54,6 +55,8 @@ pub struct Snapshot {
     upstreams_by_id: HashMap<String, usize>,
     keys_by_upstream: HashMap<String, Vec<usize>>,
     models_by_name: HashMap<String, Vec<usize>>,
+    /// Budgets by `(scope, subject)`.
+    budgets_by_subject: HashMap<(BudgetScope, String), usize>,
 }
 
 /// A consumer key that authenticates: the key and its consumer.
@@ -129,6 +132,12 @@ impl Snapshot {
             upstreams_by_id: index_by(&rows.upstreams, |u| &u.id),
             keys_by_upstream: group_by(&rows.upstream_keys, |k| Some(&k.upstream_id)),
             models_by_name: group_by(&rows.upstream_models, |m| Some(&m.model)),
+            budgets_by_subject: rows
+                .budgets
+                .iter()
+                .enumerate()
+                .map(|(i, b)| ((b.scope, b.subject.clone()), i))
+                .collect(),
             rows,
         }
     }
@@ -244,6 +253,42 @@ impl Snapshot {
                 .then_with(|| a.upstream.id.cmp(&b.upstream.id))
         });
         targets
+    }
+
+    pub fn budgets(&self) -> &[Budget] {
+        &self.rows.budgets
+    }
+
+    /// The budgets that apply to a consumer with these groups: its own, then each group's
+    /// (`default` for a consumer without groups, as for rate limits).
+    pub fn budgets_of<'a>(
+        &'a self,
+        consumer_id: &str,
+        groups: &[String],
+    ) -> impl Iterator<Item = &'a Budget> + 'a {
+        let default = [crate::config::DEFAULT_GROUP.to_owned()];
+        let groups = if groups.is_empty() {
+            &default[..]
+        } else {
+            groups
+        };
+        let own = self
+            .budgets_by_subject
+            .get(&(BudgetScope::Consumer, consumer_id.to_owned()))
+            .copied();
+        let mut of_groups: Vec<usize> = groups
+            .iter()
+            .filter_map(|g| {
+                self.budgets_by_subject
+                    .get(&(BudgetScope::Group, g.clone()))
+                    .copied()
+            })
+            .collect();
+        of_groups.sort_unstable();
+        of_groups.dedup();
+        own.into_iter()
+            .chain(of_groups)
+            .map(|i| &self.rows.budgets[i])
     }
 
     /// How many rows of each kind, for status pages.

@@ -852,6 +852,145 @@ async fn a_failed_reload_keeps_the_last_snapshot(db: &TestDb) {
     assert!(status.last_loaded_at_ms.is_some());
 }
 
+async fn budgets_round_trip(db: &TestDb) {
+    let cfg = db.store.config();
+    let alice = cfg
+        .create_consumer(patch(json!({"name": "alice", "groups": ["gold"]})))
+        .await
+        .unwrap();
+    let new = |v: serde_json::Value| -> NewBudget { patch(v) };
+    let own = cfg
+        .create_budget(new(json!({"scope": "consumer", "subject": alice.id,
+                                  "period": "day", "limit_usd": 2.5})))
+        .await
+        .unwrap();
+    assert!(own.id.starts_with("bg_"), "{}", own.id);
+    assert_eq!(
+        (own.mode, own.period),
+        (BudgetMode::Hard, BudgetPeriod::Day)
+    );
+    assert!(own.created_at_ms > 1_000_000_000_000, "milliseconds");
+    assert_eq!(cfg.get_budget(&own.id).await.unwrap(), own);
+
+    // One budget per (scope, subject): 409 naming the subject.
+    let message = assert_conflict(
+        cfg.create_budget(new(json!({"scope": "consumer", "subject": alice.id,
+                                     "period": "week", "limit_usd": 1})))
+            .await,
+    );
+    assert!(message.starts_with("subject:"), "{message}");
+    // A consumer that does not exist is bad input, not a missing resource.
+    assert_invalid(
+        cfg.create_budget(new(json!({"scope": "consumer", "subject": "cs_nope",
+                                     "period": "day", "limit_usd": 1})))
+            .await,
+        "subject",
+    );
+    assert_invalid(
+        cfg.create_budget(new(json!({"scope": "group", "subject": "gold",
+                                     "period": "day", "limit_usd": 0})))
+            .await,
+        "limit_usd",
+    );
+    // A group's name need not be anyone's yet; the same subject in another scope is another budget.
+    let gold = cfg
+        .create_budget(new(
+            json!({"scope": "group", "subject": "gold", "period": "month",
+                                  "mode": "soft", "limit_usd": 100}),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(gold.mode, BudgetMode::Soft);
+    let ids: Vec<String> = cfg
+        .list_budgets()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|b| b.id)
+        .collect();
+    assert_eq!(ids, [own.id.clone(), gold.id.clone()]);
+
+    let changed = cfg
+        .update_budget(&own.id, patch(json!({"limit_usd": 5, "period": "never"})))
+        .await
+        .unwrap();
+    assert_eq!(
+        (changed.limit_usd, changed.period),
+        (5.0, BudgetPeriod::Never)
+    );
+    assert!(changed.updated_at_ms >= own.updated_at_ms);
+    assert_eq!(changed.created_at_ms, own.created_at_ms);
+    assert_invalid(
+        cfg.update_budget(&own.id, patch(json!({"limit_usd": -1})))
+            .await,
+        "limit_usd",
+    );
+    assert_not_found(cfg.update_budget("bg_nope", BudgetPatch::default()).await);
+    assert_not_found(cfg.get_budget("bg_nope").await);
+
+    // The snapshot: a consumer's own budget first, then its groups'.
+    let snapshot = db.store.snapshots().reload(cfg).await.unwrap();
+    let of: Vec<&str> = snapshot
+        .budgets_of(&alice.id, &alice.groups)
+        .map(|b| b.id.as_str())
+        .collect();
+    assert_eq!(of, [own.id.as_str(), gold.id.as_str()]);
+    assert_eq!(snapshot.budgets_of("cs_other", &[]).count(), 0);
+
+    // Deleting: 404 the second time; a consumer takes its budgets with it.
+    cfg.delete_budget(&gold.id).await.unwrap();
+    assert_not_found(cfg.delete_budget(&gold.id).await);
+    cfg.delete_consumer(&alice.id).await.unwrap();
+    assert_not_found(cfg.get_budget(&own.id).await);
+    assert!(cfg.list_budgets().await.unwrap().is_empty());
+}
+
+async fn spend_is_read_back_from_the_request_log(db: &TestDb) {
+    let insert = "INSERT INTO api_logs (created_at_ms, consumer, model, status, latency_ms, cost_usd) \
+                  VALUES ($1, $2, 'm', 200, 1.0, $3)";
+    for (at, consumer, cost) in [
+        (1_000_i64, "alice", Some(0.5)),
+        (2_000, "alice", Some(0.25)),
+        (2_500, "alice", None),
+        (3_000, "bob", Some(1.0)),
+        (500, "alice", Some(100.0)),
+    ] {
+        match db.store.pool() {
+            Pool::Sqlite(p) => {
+                sqlx::query(insert)
+                    .bind(at)
+                    .bind(consumer)
+                    .bind(cost)
+                    .execute(p)
+                    .await
+                    .unwrap();
+            }
+            Pool::Postgres(p) => {
+                sqlx::query(insert)
+                    .bind(at)
+                    .bind(consumer)
+                    .bind(cost)
+                    .execute(p)
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+    let spent = |names: &'static [&'static str], since: i64| {
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        let store = db.store.clone();
+        async move {
+            api_log_query::spent_since(&store, &names, since)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(spent(&["alice"], 1_000).await, 0.75);
+    assert_eq!(spent(&["alice", "bob"], 1_000).await, 1.75);
+    assert_eq!(spent(&["carol"], 0).await, 0.0);
+    assert_eq!(spent(&[], 0).await, 0.0);
+}
+
 macro_rules! suite {
     ($($test:ident),* $(,)?) => {
         mod sqlite_backend {
@@ -886,4 +1025,6 @@ suite!(
     every_write_bumps_the_version,
     another_process_sees_changes_within_two_seconds,
     a_failed_reload_keeps_the_last_snapshot,
+    budgets_round_trip,
+    spend_is_read_back_from_the_request_log,
 );

@@ -84,6 +84,14 @@ pub mod names {
     /// Counter: requests a limit of the route's `rate-limit` plugin refused, by `route` (its name)
     /// and `limit` (`consumer:rpm`: scope, `per_model`, kind; a closed vocabulary).
     pub const RATE_LIMITED: &str = "switchyard_rate_limited_total";
+    /// Counter: requests refused (402) because a hard budget of the caller was spent, by `scope`
+    /// (`consumer` or `group`).
+    pub const BUDGET_REFUSED: &str = "switchyard_budget_refused_total";
+    /// Gauge, USD: what a budget's current period has spent, by `budget` (its id; bounded by the
+    /// configuration), set at scrape.
+    pub const BUDGET_SPENT: &str = "switchyard_budget_spent_usd";
+    /// Counter: soft budgets crossed (once per budget and period in each process), by `scope`.
+    pub const BUDGET_SOFT_EXCEEDED: &str = "switchyard_budget_soft_exceeded_total";
     /// Counter: request-log rows by `outcome` written, dropped (queue full), failed (database).
     pub const REQUEST_LOG_ROWS: &str = "switchyard_request_log_rows_total";
     /// Counter, USD: what attempts cost at their upstream's `pricing`. Only ever grows, but is
@@ -138,6 +146,9 @@ pub mod names {
         STRATEGY_RESETS,
         CONNECTIONS_REFUSED,
         RATE_LIMITED,
+        BUDGET_REFUSED,
+        BUDGET_SPENT,
+        BUDGET_SOFT_EXCEEDED,
         REQUEST_LOG_ROWS,
         COST_USD,
         TRACE_SPANS,
@@ -298,6 +309,15 @@ fn describe() {
         RATE_LIMITED,
         "Requests refused by a rate limit, by route and limit"
     );
+    describe_counter!(
+        BUDGET_REFUSED,
+        "Requests refused because a hard budget was spent, by scope"
+    );
+    describe_gauge!(BUDGET_SPENT, "USD spent in a budget's current period");
+    describe_counter!(
+        BUDGET_SOFT_EXCEEDED,
+        "Soft budgets crossed, once per budget and period, by scope"
+    );
     describe_counter!(REQUEST_LOG_ROWS, "Request-log rows, by outcome");
     describe_counter!(TRACE_SPANS, "Spans the trace exporter handled, by outcome");
     describe_gauge!(
@@ -407,6 +427,16 @@ pub fn rate_limited(route: &str, limit: &str) {
         "limit" => limit.to_owned(),
     )
     .increment(1);
+}
+
+/// A request refused because a hard budget of `scope` (`consumer`, `group`) was spent.
+pub fn budget_refused(scope: &'static str) {
+    counter!(BUDGET_REFUSED, "scope" => scope).increment(1);
+}
+
+/// A soft budget of `scope` was crossed (once per budget and period).
+pub fn budget_soft_exceeded(scope: &'static str) {
+    counter!(BUDGET_SOFT_EXCEEDED, "scope" => scope).increment(1);
 }
 
 /// A client connection refused at the connection cap.
@@ -769,6 +799,11 @@ pub mod state {
         pub in_flight: u32,
         pub backlog_tokens: u64,
         pub elephants: u32,
+    }
+
+    /// What a budget's current period has spent, USD.
+    pub fn budget_spent(budget: &str, usd: f64) {
+        gauge!(BUDGET_SPENT, "budget" => budget.to_owned()).set(usd);
     }
 
     pub fn endpoint(e: &EndpointState<'_>) {
