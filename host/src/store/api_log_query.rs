@@ -137,15 +137,21 @@ pub fn page_statement(filter: &LogFilter, cursor: Option<i64>) -> Statement {
             conditions.push(format!("{column} = {p}"));
         }
     }
+    // Beside a column filter, a status is never the selective part (five classes, 94 % of rows
+    // one of them), but SQLite, without statistics, would walk the status index and read most of
+    // the log (200 ms over a million rows): a unary `+` keeps the status term off the indexes, so
+    // the column's index is walked and the status checked on its rows.
+    let status_term = if conditions.is_empty() { "" } else { "+" };
     match filter.status {
         Some(StatusFilter::Exact(code)) => {
             let p = st.bind(Bind::Int(i64::from(code)));
-            conditions.push(format!("status = {p}"));
+            conditions.push(format!("{status_term}status = {p}"));
         }
-        // The same expression as the index `api_logs_status_class`, so the planner can walk it.
+        // Alone, the same expression as the index `api_logs_status_class`, so the planner can
+        // walk it.
         Some(StatusFilter::Class(digit)) => {
             let p = st.bind(Bind::Int(i64::from(digit)));
-            conditions.push(format!("(status / 100) = {p}"));
+            conditions.push(format!("{status_term}(status / 100) = {p}"));
         }
         None => {}
     }
@@ -335,7 +341,7 @@ mod tests {
         let st = page_statement(&filter, Some(99));
         assert!(
             st.sql.ends_with(
-                "FROM api_logs WHERE model = $1 AND (status / 100) = $2 AND created_at_ms >= $3 \
+                "FROM api_logs WHERE model = $1 AND +(status / 100) = $2 AND created_at_ms >= $3 \
                  AND created_at_ms <= $4 AND (created_at_ms < $4 OR id < $5) \
                  ORDER BY created_at_ms DESC, id DESC LIMIT $6"
             ),
