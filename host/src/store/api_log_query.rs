@@ -119,7 +119,7 @@ impl Statement {
 /// The page's statement. `cursor` is the `created_at_ms` of the `before` row when it exists:
 /// the page continues after that row; without it (an id that is not stored) the page holds the
 /// rows whose id is smaller.
-pub fn page_statement(filter: &LogFilter, cursor: Option<i64>) -> Statement {
+pub fn page_statement(filter: &LogFilter, cursor: Option<i64>, backend: Backend) -> Statement {
     let mut st = Statement {
         sql: String::new(),
         binds: Vec::new(),
@@ -140,8 +140,13 @@ pub fn page_statement(filter: &LogFilter, cursor: Option<i64>) -> Statement {
     // Beside a column filter, a status is never the selective part (five classes, 94 % of rows
     // one of them), but SQLite, without statistics, would walk the status index and read most of
     // the log (200 ms over a million rows): a unary `+` keeps the status term off the indexes, so
-    // the column's index is walked and the status checked on its rows.
-    let status_term = if conditions.is_empty() { "" } else { "+" };
+    // the column's index is walked and the status checked on its rows. PostgreSQL knows the
+    // expression's statistics and needs them (with `+` it guesses the term selective and sorts).
+    let status_term = if conditions.is_empty() || backend == Backend::Postgres {
+        ""
+    } else {
+        "+"
+    };
     match filter.status {
         Some(StatusFilter::Exact(code)) => {
             let p = st.bind(Bind::Int(i64::from(code)));
@@ -269,13 +274,24 @@ pub async fn spent_since(
     spent.map_err(failed(store))
 }
 
+/// The SQL dialect a statement is written for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
 /// The statement [`page`] runs for `filter` (for `EXPLAIN` in the benchmark).
 pub async fn statement(store: &Store, filter: &LogFilter) -> Result<Statement, StoreError> {
     let cursor = match filter.before {
         Some(id) => created_at(store, id).await?,
         None => None,
     };
-    Ok(page_statement(filter, cursor))
+    let backend = match store.pool() {
+        Pool::Sqlite(_) => Backend::Sqlite,
+        Pool::Postgres(_) => Backend::Postgres,
+    };
+    Ok(page_statement(filter, cursor, backend))
 }
 
 /// One page of the request log.
@@ -338,7 +354,7 @@ mod tests {
             limit: 2,
             ..LogFilter::default()
         };
-        let st = page_statement(&filter, Some(99));
+        let st = page_statement(&filter, Some(99), Backend::Sqlite);
         assert!(
             st.sql.ends_with(
                 "FROM api_logs WHERE model = $1 AND +(status / 100) = $2 AND created_at_ms >= $3 \
@@ -359,10 +375,17 @@ mod tests {
                 Bind::Int(3)
             ]
         );
+        // PostgreSQL keeps the expression, whose statistics it plans with.
+        let st = page_statement(&filter, Some(99), Backend::Postgres);
+        assert!(
+            st.sql.contains("model = $1 AND (status / 100) = $2"),
+            "{}",
+            st.sql
+        );
         // An id that is not stored: the rows below it.
-        let st = page_statement(&filter, None);
+        let st = page_statement(&filter, None, Backend::Sqlite);
         assert!(st.sql.contains("AND id < $4 ORDER BY"), "{}", st.sql);
-        let st = page_statement(&LogFilter::default(), None);
+        let st = page_statement(&LogFilter::default(), None, Backend::Sqlite);
         assert!(
             st.sql
                 .ends_with("FROM api_logs ORDER BY created_at_ms DESC, id DESC LIMIT $1")
