@@ -489,6 +489,71 @@ async fn a_quota_pool_is_never_over_admitted_across_replicas() {
     assert_eq!(quota.chat_requests().await, sent_to_quota);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limit_is_one_limit_for_the_whole_fleet() {
+    let upstream = Mock::start(&[]);
+    // Six a minute: one every 10 s after the burst, so a burst that takes seconds admits six.
+    let fleet = Fleet::start(
+        &format!(
+            "routes:
+  - name: open
+    path_prefix: /
+    disable_auth: true
+    plugins:
+      rate-limit:
+        limits:
+          - scope: route
+            requests_per_minute: 6
+models:
+  - id: m
+    route:
+      - kind: openai_compat
+        base_url: {}
+",
+            upstream.base_url()
+        ),
+        NO_AFFINITY,
+    )
+    .await;
+    const REQUESTS: usize = 30;
+    let client = reqwest::Client::new();
+    let fleet = Arc::new(fleet);
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..REQUESTS)
+        .map(|i| {
+            let (fleet, client) = (fleet.clone(), client.clone());
+            tokio::spawn(async move { fleet.chat(&client, "m", &format!("rl-{i}")).await })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for task in tasks {
+        statuses.push(task.await.unwrap());
+    }
+    let elapsed = started.elapsed();
+    let served = statuses.iter().filter(|s| **s == Some(200)).count() as u64;
+    let refused = statuses.iter().filter(|s| **s == Some(429)).count();
+    assert_eq!(served as usize + refused, REQUESTS, "{statuses:?}");
+    let received = upstream.chat_requests().await;
+    let timeouts = fleet.fleet_counter("/admission_timeouts").await;
+    let fallbacks = fleet.fleet_counter("/local_fallbacks").await;
+    println!(
+        "rpm 6 on three replicas: {served} served, {refused} refused in {elapsed:?}; the upstream \
+         received {received} (timeouts {timeouts}, local fallbacks {fallbacks})"
+    );
+    assert_eq!(
+        received, served,
+        "every admitted request, and only those, reached the upstream"
+    );
+    assert_eq!(fallbacks, 0, "Redis answered throughout");
+    // Per replica the limit would admit 18; the fleet admits the limit, plus what GCRA gives back
+    // while the burst lasts (one every 10 s).
+    let allowed = 6 + elapsed.as_secs() / 10;
+    assert!(served <= allowed, "over-admission: {served} > {allowed}");
+    if timeouts == 0 {
+        assert!(served >= 6, "the limit was used: {served}");
+    }
+}
+
 /// A stand-in upstream that answers Chat Completions after `delay` and records the most requests
 /// it ever had in flight at once (the mock does not count that).
 struct SlowUpstream {
