@@ -16,8 +16,14 @@
 //! The host's breakers, affinity and prefill tracker are not involved: the strategies see every
 //! route as a healthy candidate, so the comparison is between ordering policies alone.
 //!
+//! A second scenario gives all the traffic to one consumer with a daily budget, passed to the
+//! strategy as the request's remaining budget as the host does (refused once it is spent), and
+//! compares RouteWise α = 0.75 with budget pressure (the default `budget_pressure_requests` 20,
+//! and 2 000) and without (`budget_pressure_requests: 0`). The budget is what α = 0.75 without pressure spends
+//! in the first 60 % of the day (measured by a third, unbudgeted run).
+//!
 //! Run: `cargo xtask build-strategies && cargo bench --profile dev -p switchyard --bench
-//! routewise_sim` (`-- --quick` for a 4-hour instead of a 24-hour day). Prints a markdown table and
+//! routewise_sim` (`-- --quick` for a 4-hour instead of a 24-hour day). Prints markdown tables and
 //! writes `routewise_sim.json` to the target directory.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
@@ -51,6 +57,9 @@ const SNAPSHOT_EVERY_S: f64 = 60.0;
 const TICK_EVERY_S: f64 = 1.0;
 /// How long an over-quota request takes to be refused (429).
 const QUOTA_REFUSAL_S: f64 = 0.15;
+/// The budget scenario's budget: what RouteWise α = 0.75 without pressure spends in this share of
+/// the run.
+const BUDGET_GONE_SHARE: f64 = 0.6;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Billing {
@@ -315,6 +324,36 @@ const POLICIES: [PolicySpec; 6] = [
     },
 ];
 
+/// The budget scenario: one consumer with a daily budget. The last runs without a budget and
+/// sets it (the others must be routers of their own: a router learns during its run).
+const BUDGET_POLICIES: [PolicySpec; 4] = [
+    PolicySpec {
+        name: "RouteWise α=0.75, budget pressure (N = 20)",
+        kind: PolicyKind::Strategy("routewise", "{ budget_alpha: 0.75 }"),
+    },
+    PolicySpec {
+        name: "RouteWise α=0.75, budget pressure (N = 2000)",
+        kind: PolicyKind::Strategy(
+            "routewise",
+            "{ budget_alpha: 0.75, budget_pressure_requests: 2000 }",
+        ),
+    },
+    PolicySpec {
+        name: "RouteWise α=0.75, no pressure (N = 0)",
+        kind: PolicyKind::Strategy(
+            "routewise",
+            "{ budget_alpha: 0.75, budget_pressure_requests: 0 }",
+        ),
+    },
+    PolicySpec {
+        name: "calibration (no budget)",
+        kind: PolicyKind::Strategy(
+            "routewise",
+            "{ budget_alpha: 0.75, budget_pressure_requests: 0 }",
+        ),
+    },
+];
+
 fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
@@ -349,8 +388,9 @@ fn route_yaml(quota_limit: u64) -> String {
     yaml
 }
 
-/// One config holding a model per strategy policy, all with the same routes.
-async fn build_policies(quota_limit: u64) -> Vec<Policy> {
+/// One config holding a model per strategy policy, all with the same routes: the comparison's
+/// policies, then the budget scenario's.
+async fn build_policies(quota_limit: u64) -> (Vec<Policy>, Vec<Policy>) {
     let routes = route_yaml(quota_limit);
     let mut yaml = format!(
         // A generous deadline: a call that times out on a busy machine would fall back to declared
@@ -358,32 +398,37 @@ async fn build_policies(quota_limit: u64) -> Vec<Policy> {
         "strategies:\n  builtin_dir: {}\n  call_timeout_ms: 1000\n  tick_interval_ms: 0\nmodels:\n",
         target_dir().join("strategies").display()
     );
-    for (i, policy) in POLICIES.iter().enumerate() {
-        if let PolicyKind::Strategy(router, params) = policy.kind {
-            yaml += &format!(
-                "  - id: p{i}\n    router: {router}\n    router_params: {params}\n    route:\n{routes}"
-            );
+    for (prefix, specs) in [("p", &POLICIES[..]), ("b", &BUDGET_POLICIES[..])] {
+        for (i, policy) in specs.iter().enumerate() {
+            if let PolicyKind::Strategy(router, params) = policy.kind {
+                yaml += &format!(
+                    "  - id: {prefix}{i}\n    router: {router}\n    router_params: {params}\n    route:\n{routes}"
+                );
+            }
         }
     }
     let config = Config::from_yaml(Path::new("routewise_sim.yaml"), &yaml, &|_| None).unwrap();
     let routing = Routing::build(&config).await.unwrap_or_else(|e| {
         panic!("{e}\n(build the strategies first: cargo xtask build-strategies)")
     });
-    POLICIES
-        .iter()
-        .enumerate()
-        .map(|(i, policy)| match policy.kind {
-            PolicyKind::Strategy(..) => {
-                let model = routing.table.resolve(&format!("p{i}")).unwrap();
-                Policy::Strategy {
-                    router: model.router.clone(),
-                    routes: upstream_table(model.upstreams()),
+    let policies = |prefix: &str, specs: &[PolicySpec]| -> Vec<Policy> {
+        specs
+            .iter()
+            .enumerate()
+            .map(|(i, policy)| match policy.kind {
+                PolicyKind::Strategy(..) => {
+                    let model = routing.table.resolve(&format!("{prefix}{i}")).unwrap();
+                    Policy::Strategy {
+                        router: model.router.clone(),
+                        routes: upstream_table(model.upstreams()),
+                    }
                 }
-            }
-            PolicyKind::GreedyCost => Policy::GreedyCost,
-            PolicyKind::GreedyLatency => Policy::GreedyLatency,
-        })
-        .collect()
+                PolicyKind::GreedyCost => Policy::GreedyCost,
+                PolicyKind::GreedyLatency => Policy::GreedyLatency,
+            })
+            .collect()
+    };
+    (policies("p", &POLICIES), policies("b", &BUDGET_POLICIES))
 }
 
 fn ms(t: f64) -> u64 {
@@ -465,6 +510,25 @@ struct Summary {
     quota_gone_h: Option<f64>,
     /// Strategy calls that failed (timeouts, traps, invalid orders); 0 expected.
     strategy_failures: u64,
+    /// The budget scenario's outcome (`None` without a budget).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    budget: Option<BudgetOutcome>,
+}
+
+/// How a policy fared against the consumer's budget.
+#[derive(Debug, Default, serde::Serialize)]
+struct BudgetOutcome {
+    limit_usd: f64,
+    /// Requests admitted (served or failed on every route).
+    admitted: usize,
+    /// Requests refused at admission because the budget was spent (the host's 402).
+    refused: usize,
+    /// USD charged to the budget: each served request's cost when it ends, as the host charges.
+    spent_usd: f64,
+    /// Hours into the run when the spend first reached the limit.
+    gone_h: Option<f64>,
+    /// Decisions whose plan the remaining budget changed (`counters.budget_pressured`).
+    pressured_decisions: u64,
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -527,7 +591,18 @@ fn with_snapshot(routes: &[Route], used: u64, limit: u64, at_ms: u64) -> Vec<Rou
     routes
 }
 
-async fn run(name: &str, policy: &Policy, arrivals: &[Arrival], quota_limit: u64) -> Summary {
+/// Replays `arrivals` through `policy`. With `budget` (USD), every request is the one consumer's:
+/// it is refused at arrival once the spend reached the limit, and otherwise carries the remaining
+/// budget to the strategy; `spend` then receives `(seconds, cumulative USD)` at every charge (it
+/// is filled without a budget too).
+async fn run(
+    name: &str,
+    policy: &Policy,
+    arrivals: &[Arrival],
+    quota_limit: u64,
+    budget: Option<f64>,
+    spend: &mut Vec<(f64, f64)>,
+) -> Summary {
     let mut world = World::new(quota_limit);
     let mut events: BinaryHeap<Event> = BinaryHeap::new();
     let mut seq = 0u64;
@@ -547,6 +622,7 @@ async fn run(name: &str, policy: &Policy, arrivals: &[Arrival], quota_limit: u64
     let mut ttft: Vec<Option<f64>> = vec![None; arrivals.len()];
     let mut served_by = [0usize; N];
     let (mut cost, mut failed, mut fallbacks) = (0.0, 0usize, 0usize);
+    let (mut spent, mut refused, mut budget_gone_at) = (0.0, 0usize, None);
     let mut next_tick = 0.0;
     let mut next_snapshot = 0.0;
     let all = candidates();
@@ -573,6 +649,10 @@ async fn run(name: &str, policy: &Policy, arrivals: &[Arrival], quota_limit: u64
         }
         match event.kind {
             EventKind::Arrive => {
+                if budget.is_some_and(|limit| limit - spent <= 0.0) {
+                    refused += 1;
+                    continue;
+                }
                 let p = &mut progress[event.request];
                 match policy {
                     Policy::Strategy { router, .. } => {
@@ -590,7 +670,7 @@ async fn run(name: &str, policy: &Policy, arrivals: &[Arrival], quota_limit: u64
                                 elephant_tokens: 200_000,
                                 elephant_limit: 1,
                             },
-                            remaining_budget_usd: None,
+                            remaining_budget_usd: budget.map(|limit| limit - spent),
                         };
                         match router.select(&request, &all).await {
                             Ok(decision) => {
@@ -690,6 +770,13 @@ async fn run(name: &str, policy: &Policy, arrivals: &[Arrival], quota_limit: u64
                         })
                         .await;
                 }
+                if success {
+                    spent += ROUTES[r].cost(a.prompt, a.output);
+                    spend.push((t, spent));
+                    if budget_gone_at.is_none() && budget.is_some_and(|limit| spent >= limit) {
+                        budget_gone_at = Some(t);
+                    }
+                }
                 if !success {
                     if step + 1 < p.order.len() {
                         push(&mut events, t, event.request, EventKind::Attempt(step + 1));
@@ -705,6 +792,12 @@ async fn run(name: &str, policy: &Policy, arrivals: &[Arrival], quota_limit: u64
     sorted.sort_by(f64::total_cmp);
     let violations = ttft.iter().filter(|t| t.is_none_or(|t| t > SLO_S)).count();
     let requests = arrivals.len().max(1);
+    let pressured_decisions = match policy {
+        Policy::Strategy { router, .. } => router.status().await["counters"]["budget_pressured"]
+            .as_u64()
+            .unwrap_or(0),
+        _ => 0,
+    };
     Summary {
         policy: name.to_owned(),
         requests: arrivals.len(),
@@ -731,6 +824,86 @@ async fn run(name: &str, policy: &Policy, arrivals: &[Arrival], quota_limit: u64
                 .load(std::sync::atomic::Ordering::Relaxed),
             _ => 0,
         },
+        budget: budget.map(|limit_usd| BudgetOutcome {
+            limit_usd,
+            admitted: arrivals.len() - refused,
+            refused,
+            spent_usd: spent,
+            gone_h: budget_gone_at.map(|t| t / 3_600.0),
+            pressured_decisions,
+        }),
+    }
+}
+
+/// The cumulative spend at `t` seconds from a run's `(seconds, cumulative USD)` charges.
+fn spend_at(spend: &[(f64, f64)], t: f64) -> f64 {
+    let i = spend.partition_point(|&(at, _)| at <= t);
+    if i == 0 { 0.0 } else { spend[i - 1].1 }
+}
+
+/// A bar of `width` characters for `value` out of `full`.
+fn bar(value: f64, full: f64, width: usize) -> String {
+    let filled = ((value / full).clamp(0.0, 1.0) * width as f64).round() as usize;
+    format!("{}{}", "█".repeat(filled), "·".repeat(width - filled))
+}
+
+/// The budget scenario's tables: one row per policy, then the cumulative spend over the day.
+fn print_budget(summaries: &[Summary], spends: &[Vec<(f64, f64)>], hours: f64) {
+    let Some(limit) = summaries
+        .iter()
+        .find_map(|s| s.budget.as_ref().map(|b| b.limit_usd))
+    else {
+        return;
+    };
+    println!(
+        "\nBudget scenario: one consumer, daily budget {limit:.2} USD (RouteWise α=0.75 without pressure spends it in {:.0} % of the day); refused = the host's 402\n",
+        BUDGET_GONE_SHARE * 100.0
+    );
+    println!(
+        "| policy | served | refused (budget) | failed | cost (USD) | TTFT mean | TTFT p99 | budget gone at | decisions pressured |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for s in summaries {
+        let Some(b) = &s.budget else { continue };
+        println!(
+            "| {} | {} | {} | {} | {:.2} | {:.2} s | {:.2} s | {} | {} |",
+            s.policy,
+            b.admitted - s.failed,
+            b.refused,
+            s.failed,
+            b.spent_usd,
+            s.ttft_mean_s,
+            s.ttft_p99_s,
+            b.gone_h
+                .map_or_else(|| "never".to_owned(), |h| format!("{h:.1} h")),
+            b.pressured_decisions,
+        );
+    }
+    let step_h = hours / 12.0;
+    let names: Vec<&str> = summaries
+        .iter()
+        .filter(|s| s.budget.is_some())
+        .map(|s| s.policy.as_str())
+        .collect();
+    println!(
+        "\nCumulative spend (USD; each bar is the budget, {limit:.2} USD)\n\n| hour | {} |",
+        names
+            .iter()
+            .map(|n| format!("{n} | "))
+            .collect::<String>()
+            .trim_end_matches(" | ")
+    );
+    println!("|---:|{}", "---|".repeat(names.len()));
+    for row in 1..=12 {
+        let t = f64::from(row) * step_h * 3_600.0;
+        let cells: Vec<String> = spends
+            .iter()
+            .map(|spend| {
+                let spent = spend_at(spend, t);
+                format!("`{}` {spent:.2}", bar(spent, limit, 20))
+            })
+            .collect();
+        println!("| {:.1} | {} |", f64::from(row) * step_h, cells.join(" | "));
     }
 }
 
@@ -747,13 +920,47 @@ fn main() {
         .build()
         .unwrap();
     let started = std::time::Instant::now();
-    let summaries: Vec<Summary> = runtime.block_on(async {
-        let policies = build_policies(quota_limit).await;
+    let (summaries, budget_summaries, spends) = runtime.block_on(async {
+        let (policies, budget_policies) = build_policies(quota_limit).await;
         let mut summaries = Vec::new();
         for (spec, policy) in POLICIES.iter().zip(&policies) {
-            summaries.push(run(spec.name, policy, &arrivals, quota_limit).await);
+            let mut spend = Vec::new();
+            summaries.push(run(spec.name, policy, &arrivals, quota_limit, None, &mut spend).await);
         }
-        summaries
+        // The budget: what α = 0.75 without pressure spends in the first 60 % of the run.
+        let mut calibration = Vec::new();
+        let calibration_policy = BUDGET_POLICIES.len() - 1;
+        run(
+            BUDGET_POLICIES[calibration_policy].name,
+            &budget_policies[calibration_policy],
+            &arrivals,
+            quota_limit,
+            None,
+            &mut calibration,
+        )
+        .await;
+        let limit = spend_at(&calibration, seconds * BUDGET_GONE_SHARE);
+        let (mut budget_summaries, mut spends) = (Vec::new(), Vec::new());
+        for (spec, policy) in BUDGET_POLICIES
+            .iter()
+            .zip(&budget_policies)
+            .take(calibration_policy)
+        {
+            let mut spend = Vec::new();
+            budget_summaries.push(
+                run(
+                    spec.name,
+                    policy,
+                    &arrivals,
+                    quota_limit,
+                    Some(limit),
+                    &mut spend,
+                )
+                .await,
+            );
+            spends.push(spend);
+        }
+        (summaries, budget_summaries, spends)
     });
     println!(
         "RouteWise simulation: {} requests over {hours} h (seed {SEED}), quota {quota_limit} requests, {GPU_SLOTS} GPU slots, SLO {SLO_S} s; {:.1} s wall\n",
@@ -789,14 +996,20 @@ fn main() {
                 .map_or_else(|| "–".to_owned(), |h| format!("{h:.1} h"))
         );
     }
-    let failures: u64 = summaries.iter().map(|s| s.strategy_failures).sum();
+    print_budget(&budget_summaries, &spends, hours);
+    let failures: u64 = summaries
+        .iter()
+        .chain(&budget_summaries)
+        .map(|s| s.strategy_failures)
+        .sum();
     if failures > 0 {
         println!(
             "\nwarning: {failures} strategy calls failed (those requests used declared order)"
         );
     }
     let out = target_dir().join("routewise_sim.json");
-    if let Ok(json) = serde_json::to_string_pretty(&summaries) {
+    let all: Vec<&Summary> = summaries.iter().chain(&budget_summaries).collect();
+    if let Ok(json) = serde_json::to_string_pretty(&all) {
         let _ = std::fs::write(&out, json);
         println!("\nwritten to {}", out.display());
     }

@@ -8,7 +8,10 @@
 //! mixture with the request's seed. An endpoint with no samples is explored once per lease. Session
 //! affinity is a tie-break: the caller's pinned candidate stays primary only while the plan gives
 //! it a share (every member of the optimal mixture is as good as the draw); one the plan leaves out
-//! (at `budget_alpha` 1 everything goes to the fastest) loses the pin. See
+//! (at `budget_alpha` 1 everything goes to the fastest) loses the pin. Budget pressure: a caller
+//! whose remaining budget `r` covers fewer than `N = budget_pressure_requests` requests at `B`
+//! is planned at `α' = α · clamp(r / (N · B), 0, 1)`, and routes costing more than `r` alone
+//! leave the plan while a cheaper one is feasible. See
 //! `docs/routewise.md` for the formulas, params, metadata and what the host supplies.
 //!
 //! Everything runs inside the component from the WIT inputs; time is the host's `now-ms`.
@@ -146,6 +149,12 @@ struct LastDecision {
     predicted_output_tokens: u32,
     output_source: &'static str,
     envelope: Bounds,
+    /// The α the plan used (below `budget_alpha` under budget pressure).
+    alpha: f64,
+    /// The request's remaining budget, as the host passed it.
+    remaining_budget_usd: Option<f64>,
+    /// Feasible endpoints left out of the plan because each alone costs more than that.
+    above_remaining_budget: Vec<String>,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -162,6 +171,9 @@ struct Counters {
     hedges_planned: u64,
     /// Decisions that kept the caller's affinity-pinned candidate as the primary.
     affinity_kept: u64,
+    /// Decisions whose plan the caller's remaining budget changed (α lowered, or routes costing
+    /// more than the remaining budget left out).
+    budget_pressured: u64,
 }
 
 /// The router of one model.
@@ -362,7 +374,8 @@ impl RouteWise {
     /// empirical TTFT distribution meets the time left to the SLO with probability ≥ 0.99 (on at
     /// least [`HEDGE_MIN_SAMPLES`] samples). The host dispatches it at that checkpoint if the
     /// primary has produced no first token by then; the first token wins.
-    fn hedge(&self, feasible: &[Evaluated], primary: usize) -> Option<(u64, u32)> {
+    /// Positions in `skip` (routes the caller cannot afford) are never backups.
+    fn hedge(&self, feasible: &[Evaluated], primary: usize, skip: &[usize]) -> Option<(u64, u32)> {
         if self.params.latency_hedge_mode != HedgeMode::ProbabilityTarget
             || self.params.fallback_mode == FallbackMode::Strict
         {
@@ -372,7 +385,9 @@ impl RouteWise {
         let mut backups: Vec<&Evaluated> = feasible
             .iter()
             .enumerate()
-            .filter(|(p, e)| *p != primary && e.index != feasible[primary].index)
+            .filter(|(p, e)| {
+                *p != primary && e.index != feasible[primary].index && !skip.contains(p)
+            })
             .map(|(_, e)| e)
             .collect();
         backups.sort_by(|a, b| float_order(a.cost, b.cost).then(a.index.cmp(&b.index)));
@@ -479,6 +494,9 @@ impl RouteWise {
         json!({
             "at_ms": last.at_ms,
             "lp_status": last.plan.status.as_str(),
+            "alpha": last.alpha,
+            "remaining_budget_usd": last.remaining_budget_usd,
+            "above_remaining_budget": last.above_remaining_budget,
             "mixture": mixture,
             "budget": last.plan.budget,
             "c_min": last.plan.c_min,
@@ -598,9 +616,40 @@ impl Strategy for RouteWise {
             .map(|p| self.evaluate(request, &candidates[p], output_tokens, envelope))
             .partition(|e| e.excluded.is_none());
 
-        let costs: Vec<f64> = feasible.iter().map(|e| e.cost).collect();
-        let ttft: Vec<f64> = feasible.iter().map(|e| e.ttft_ms).collect();
-        let plan = lp::plan(&costs, &ttft, self.params.budget_alpha);
+        // Budget pressure (a caller near its cap): routes that alone cost more than what the
+        // caller has left leave the plan while a cheaper one is feasible, and α slides towards 0
+        // once the remaining budget covers fewer than `budget_pressure_requests` requests at B.
+        let remaining = request
+            .remaining_budget_usd
+            .filter(|r| !r.is_nan() && self.params.budget_pressure_requests > 0);
+        let (in_plan, unaffordable): (Vec<usize>, Vec<usize>) = match remaining {
+            Some(r) => (0..feasible.len()).partition(|&p| feasible[p].cost <= r),
+            None => ((0..feasible.len()).collect(), Vec::new()),
+        };
+        let (in_plan, unaffordable) = if in_plan.is_empty() {
+            ((0..feasible.len()).collect(), Vec::new())
+        } else {
+            (in_plan, unaffordable)
+        };
+        let costs: Vec<f64> = in_plan.iter().map(|&p| feasible[p].cost).collect();
+        let ttft: Vec<f64> = in_plan.iter().map(|&p| feasible[p].ttft_ms).collect();
+        let alpha = lp::pressured_alpha(
+            self.params.budget_alpha,
+            lp::budget(&costs, self.params.budget_alpha),
+            remaining,
+            self.params.budget_pressure_requests,
+        );
+        let mut plan = lp::plan(&costs, &ttft, alpha);
+        if !unaffordable.is_empty() {
+            let mut weights = vec![0.0; feasible.len()];
+            for (&p, &w) in in_plan.iter().zip(&plan.weights) {
+                weights[p] = w;
+            }
+            plan.weights = weights;
+        }
+        if alpha < self.params.budget_alpha || !unaffordable.is_empty() {
+            self.counters.budget_pressured += 1;
+        }
         match plan.status {
             LpStatus::NoFeasibleCandidates => self.counters.no_feasible += 1,
             LpStatus::CheapestFallback => self.counters.cheapest_fallback += 1,
@@ -608,7 +657,9 @@ impl Strategy for RouteWise {
         }
 
         // Exploration: the cheapest feasible endpoint without samples and without a lease.
-        let explore = (0..feasible.len())
+        let explore = in_plan
+            .iter()
+            .copied()
             .filter(|&p| feasible[p].samples == 0 && !self.leased(&feasible[p].endpoint_id, now))
             .min_by(|&a, &b| {
                 float_order(feasible[a].cost, feasible[b].cost)
@@ -674,10 +725,14 @@ impl Strategy for RouteWise {
             .encode(),
             None => String::new(),
         };
-        let hedge = primary.and_then(|p| self.hedge(&feasible, p));
+        let hedge = primary.and_then(|p| self.hedge(&feasible, p, &unaffordable));
         if hedge.is_some() {
             self.counters.hedges_planned += 1;
         }
+        let above_remaining_budget = unaffordable
+            .iter()
+            .map(|&p| feasible[p].endpoint_id.clone())
+            .collect();
         self.last = Some(LastDecision {
             at_ms: now,
             explored: explore.map(|p| feasible[p].endpoint_id.clone()),
@@ -688,6 +743,9 @@ impl Strategy for RouteWise {
             predicted_output_tokens: output_tokens,
             output_source: output_source.as_str(),
             envelope,
+            alpha,
+            remaining_budget_usd: request.remaining_budget_usd,
+            above_remaining_budget,
         });
         let decision = Decision::new(order).with_metadata(metadata);
         Ok(match hedge {
@@ -855,6 +913,7 @@ impl Strategy for RouteWise {
             "model": self.model,
             "now_ms": now,
             "budget_alpha": self.params.budget_alpha,
+            "budget_pressure_requests": self.params.budget_pressure_requests,
             "fallback_mode": self.params.fallback_mode,
             "last_decision": self.last_decision_json(),
             "envelope": {
@@ -889,6 +948,7 @@ impl Strategy for RouteWise {
                 "decisions": c.decisions,
                 "explorations": c.explorations,
                 "affinity_kept": c.affinity_kept,
+                "budget_pressured": c.budget_pressured,
                 "no_feasible_candidates": c.no_feasible,
                 "cheapest_fallback": c.cheapest_fallback,
                 "observations": c.observations,

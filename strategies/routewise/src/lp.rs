@@ -75,6 +75,28 @@ pub fn budget(costs: &[f64], alpha: f64) -> f64 {
     c_min + alpha * (c_max - c_min)
 }
 
+/// Budget pressure: the `α` a plan uses when the caller may still spend `remaining` USD and
+/// `budget` is the per-request budget `B` at `alpha`. With `r` remaining and `N = requests`,
+/// `α' = α · clamp(r / (N · B), 0, 1)`: unchanged while `r` covers `N` requests at `B`, then
+/// linearly down to 0 (the cheapest feasible route) as `r` goes to 0; `r ≤ 0` gives 0.
+/// `α` is returned unchanged without a remaining budget (`None` or NaN), with `requests` 0
+/// (pressure disabled) or when `B ≤ 0` (nothing to save: every feasible route is free).
+pub fn pressured_alpha(alpha: f64, budget: f64, remaining: Option<f64>, requests: u32) -> f64 {
+    let Some(remaining) = remaining.filter(|r| !r.is_nan()) else {
+        return alpha;
+    };
+    if requests == 0 {
+        return alpha;
+    }
+    if remaining <= 0.0 {
+        return 0.0;
+    }
+    if !(budget > 0.0 && budget.is_finite()) {
+        return alpha;
+    }
+    alpha * (remaining / (f64::from(requests) * budget)).clamp(0.0, 1.0)
+}
+
 /// The smallest and largest cost, ignoring non-finite values; `None` when there is none.
 pub fn cost_range(costs: &[f64]) -> Option<(f64, f64)> {
     costs
@@ -385,6 +407,25 @@ mod tests {
         assert!(close(budget(&[1.0, 3.0], 7.0), 3.0));
         assert!(close(budget(&[1.0, 3.0], -2.0), 1.0));
         assert!(close(budget(&[1.0, 3.0], f64::NAN), 3.0));
+    }
+
+    #[test]
+    fn pressure_slides_alpha_linearly_below_n_requests() {
+        // B = 2, N = 10: r ≥ 20 leaves α alone, r = 2 (10 % of N·B) gives 0.1 α.
+        assert!(close(pressured_alpha(0.5, 2.0, None, 10), 0.5));
+        assert!(close(pressured_alpha(0.5, 2.0, Some(f64::NAN), 10), 0.5));
+        assert!(close(pressured_alpha(0.5, 2.0, Some(1e9), 10), 0.5));
+        assert!(close(
+            pressured_alpha(0.5, 2.0, Some(f64::INFINITY), 10),
+            0.5
+        ));
+        assert!(close(pressured_alpha(0.5, 2.0, Some(20.0), 10), 0.5));
+        assert!(close(pressured_alpha(0.5, 2.0, Some(2.0), 10), 0.05));
+        assert!(close(pressured_alpha(0.5, 2.0, Some(0.0), 10), 0.0));
+        assert!(close(pressured_alpha(0.5, 2.0, Some(-3.0), 10), 0.0));
+        // Disabled, or nothing to save.
+        assert!(close(pressured_alpha(0.5, 2.0, Some(2.0), 0), 0.5));
+        assert!(close(pressured_alpha(0.5, 0.0, Some(2.0), 10), 0.5));
     }
 
     #[test]

@@ -34,6 +34,11 @@ pub struct RouteWiseParams {
     /// Budget position between the cheapest (0) and the dearest (1) feasible route:
     /// `B = c_min + α (c_max − c_min)`. Clamped to [0, 1].
     pub budget_alpha: f64,
+    /// Budget pressure: when the request's caller has a remaining budget `r` (USD) that covers
+    /// fewer than this many requests at the plan's budget `B`, `α` slides linearly towards 0:
+    /// `α' = α · clamp(r / (N · B), 0, 1)`, and routes costing more than `r` leave the plan while a
+    /// cheaper one is feasible. 0 disables it.
+    pub budget_pressure_requests: u32,
     /// XORed into every request's seed when set.
     pub random_seed: Option<u64>,
     /// USD per million tokens (prompt + completion) used for cost-envelope samples when the model has
@@ -116,6 +121,7 @@ impl Default for RouteWiseParams {
     fn default() -> Self {
         Self {
             budget_alpha: 0.75,
+            budget_pressure_requests: 20,
             random_seed: None,
             reference_api_price: 1.0,
             db_bootstrap_enabled: false,
@@ -251,7 +257,7 @@ mod tests {
             .as_object()
             .cloned()
             .unwrap_or_default();
-        assert_eq!(properties.len(), 28);
+        assert_eq!(properties.len(), 29);
         for (key, property) in &properties {
             if key == "daily_quota" || key == "concurrency_limit" {
                 assert_eq!(property["deprecated"], true, "{key}");
@@ -260,6 +266,14 @@ mod tests {
             }
         }
         assert_eq!(schema["properties"]["budget_alpha"]["default"], 0.75);
+        assert_eq!(
+            schema["properties"]["budget_pressure_requests"]["default"],
+            20
+        );
+        assert_eq!(
+            schema["properties"]["budget_pressure_requests"]["minimum"],
+            0
+        );
         assert_eq!(schema["properties"]["fallback_mode"]["default"], "policy");
         assert_eq!(schema["properties"]["envelope_min_samples"]["default"], 20);
     }
@@ -285,6 +299,11 @@ mod tests {
         assert!(parse(r#"{"latency_window_sec": 0}"#).is_err());
         assert!(parse(r#"{"fallback_mode": "sometimes"}"#).is_err());
         assert!(parse(r#"{"budget_alfa": 0.5}"#).is_err());
+        assert!(parse(r#"{"budget_pressure_requests": -1}"#).is_err());
+        assert_eq!(
+            parse(r#"{"budget_pressure_requests": 0}"#)?.budget_pressure_requests,
+            0
+        );
         assert_eq!(
             parse(r#"{"fallback_mode": "strict", "latency_hedge_mode": "probability_target"}"#)?
                 .fallback_mode,

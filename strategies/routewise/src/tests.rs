@@ -654,9 +654,16 @@ fn property_random_routers() -> Result<(), String> {
             if indexes.is_empty() {
                 indexes.push(rng.below(u64::from(n)) as u32);
             }
+            // Half the callers have a budget, from overdrawn to plenty (costs here are ≤ ~0.1).
+            let remaining = match rng.below(4) {
+                0 => Some(rng.next_f64() * 0.2 - 0.02),
+                1 => Some(rng.next_f64() * 1e-3),
+                _ => None,
+            };
             let d = rw.select(
                 &Request {
                     max_tokens: (rng.below(2) == 0).then(|| rng.below(2_000) as u32),
+                    remaining_budget_usd: remaining,
                     ..request(rng.next_u64(), now, rng.below(20_000) as u32)
                 },
                 &candidates(&indexes),
@@ -690,6 +697,26 @@ fn property_random_routers() -> Result<(), String> {
                 assert!(expected <= budget + 1e-9, "case {case} step {step}");
                 let primary = last["primary"].as_u64();
                 let explored = !last["explored"].is_null();
+                // A route the caller cannot afford is the primary only when no feasible one is
+                // affordable.
+                if let Some(r) = remaining {
+                    let feasible: Vec<Value> = last["candidates"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default()
+                        .into_iter()
+                        .filter(|c| c["excluded"].is_null())
+                        .collect();
+                    let cost = |c: &Value| c["cost"].as_f64().unwrap_or(f64::NAN);
+                    if let Some(p) = feasible.iter().find(|c| c["index"].as_u64() == primary)
+                        && cost(p) > r
+                    {
+                        assert!(
+                            feasible.iter().all(|c| cost(c) > r),
+                            "case {case} step {step}: {last}"
+                        );
+                    }
+                }
                 let primary_weight = last["candidates"]
                     .as_array()
                     .cloned()
@@ -806,5 +833,129 @@ fn affinity_is_a_tie_break_within_the_plan_only() -> Result<(), String> {
         }
     }
     assert_eq!(status(&rw)["counters"]["affinity_kept"], 400);
+    Ok(())
+}
+
+/// One decision over routes 0 and 1 of [`two_route_router`] for a caller with `remaining` USD.
+fn select_with_budget(rw: &mut RouteWise, seed: u64, remaining: Option<f64>) -> Vec<u32> {
+    let request = Request {
+        remaining_budget_usd: remaining,
+        ..request(seed, 1, 1_000)
+    };
+    rw.select(&request, &candidates(&[0, 1]))
+        .expect("select")
+        .order
+}
+
+/// Orders of 2 000 seeded decisions, and the share of them whose primary is the cheap route 0.
+fn budget_run(params: &str, remaining: Option<f64>) -> Result<(Vec<Vec<u32>>, f64, Value), String> {
+    let mut rw = two_route_router(params)?;
+    let orders: Vec<Vec<u32>> = (0..2_000)
+        .map(|seed| select_with_budget(&mut rw, seed, remaining))
+        .collect();
+    let cheap = orders.iter().filter(|o| o[0] == 0).count() as f64 / 2_000.0;
+    Ok((orders, cheap, status(&rw)))
+}
+
+fn close(value: &Value, expected: f64) -> bool {
+    value.as_f64().is_some_and(|v| (v - expected).abs() < 1e-9)
+}
+
+// Budget pressure on the two routes (cost 1 at 10 s, cost 3 at 1 s) at α 0.5: B = 2, and with the
+// default N = 20 the remaining budget starts to matter below N · B = 40 USD.
+
+#[test]
+fn budget_pressure_leaves_callers_without_or_with_plenty_of_budget_alone() -> Result<(), String> {
+    let params = r#"{"budget_alpha": 0.5}"#;
+    let (unbudgeted, cheap, s) = budget_run(params, None)?;
+    assert!((cheap - 0.5).abs() < 0.04, "{cheap}");
+    assert_eq!(s["counters"]["budget_pressured"], 0);
+    assert!(close(&s["last_decision"]["alpha"], 0.5));
+    assert!(s["last_decision"]["remaining_budget_usd"].is_null());
+    // Disabled: the same decisions whatever the caller has left.
+    let (disabled, _, s) = budget_run(
+        r#"{"budget_alpha": 0.5, "budget_pressure_requests": 0}"#,
+        Some(0.5),
+    )?;
+    assert_eq!(disabled, unbudgeted);
+    assert_eq!(s["counters"]["budget_pressured"], 0);
+    assert_eq!(s["last_decision"]["remaining_budget_usd"], 0.5);
+    // Plenty left: a million USD, and exactly N · B.
+    for remaining in [1e6, 40.0, f64::INFINITY] {
+        let (orders, _, s) = budget_run(params, Some(remaining))?;
+        assert_eq!(orders, unbudgeted, "{remaining}");
+        assert_eq!(s["counters"]["budget_pressured"], 0, "{remaining}");
+        assert!(close(&s["last_decision"]["alpha"], 0.5), "{remaining}");
+    }
+    Ok(())
+}
+
+#[test]
+fn budget_pressure_slides_alpha_with_the_remaining_budget() -> Result<(), String> {
+    // 4 USD left is 10 % of N · B: α' = 0.05, B' = 1 + 0.05 · 2 = 1.1, so π_fast = 0.05.
+    let (_, cheap, s) = budget_run(r#"{"budget_alpha": 0.5}"#, Some(4.0))?;
+    let last = &s["last_decision"];
+    assert!(close(&last["alpha"], 0.05), "{last}");
+    assert!(close(&last["budget"], 1.1), "{last}");
+    assert!(close(&last["mixture"]["m:ep0"], 0.95), "{last}");
+    assert_eq!(last["remaining_budget_usd"], 4.0);
+    assert_eq!(last["above_remaining_budget"], serde_json::json!([]));
+    assert!((cheap - 0.95).abs() < 0.02, "{cheap}");
+    assert_eq!(s["counters"]["budget_pressured"], 2_000);
+    assert_eq!(s["budget_alpha"], 0.5);
+    assert_eq!(s["budget_pressure_requests"], 20);
+    // A larger N starts earlier: at N = 100, 4 USD is 2 % of N · B.
+    let (_, _, s) = budget_run(
+        r#"{"budget_alpha": 0.5, "budget_pressure_requests": 100}"#,
+        Some(4.0),
+    )?;
+    assert!(close(&s["last_decision"]["alpha"], 0.01));
+    Ok(())
+}
+
+#[test]
+fn budget_pressure_spent_or_overdrawn_goes_to_the_cheapest() -> Result<(), String> {
+    for remaining in [0.0, -0.25, -50.0] {
+        let (orders, cheap, s) = budget_run(r#"{"budget_alpha": 1.0}"#, Some(remaining))?;
+        assert_eq!(cheap, 1.0, "{remaining}");
+        assert!(orders.iter().all(|o| *o == vec![0, 1]), "{remaining}");
+        assert!(close(&s["last_decision"]["alpha"], 0.0), "{remaining}");
+        assert_eq!(s["last_decision"]["lp_status"], "optimal");
+        assert_eq!(s["counters"]["budget_pressured"], 2_000);
+    }
+    Ok(())
+}
+
+#[test]
+fn routes_dearer_than_the_remaining_budget_are_never_the_primary() -> Result<(), String> {
+    // 2 USD left: the fast route (3 USD) is left out of the plan, and stays a fallback.
+    let (orders, cheap, s) = budget_run(r#"{"budget_alpha": 1.0}"#, Some(2.0))?;
+    assert_eq!(cheap, 1.0);
+    assert!(orders.iter().all(|o| *o == vec![0, 1]));
+    let last = &s["last_decision"];
+    assert_eq!(last["above_remaining_budget"], serde_json::json!(["m:ep1"]));
+    assert_eq!(last["lp_status"], "single_provider");
+    // Less than the cheapest route costs: nothing is affordable, so nothing is left out, and the
+    // plan is α' = 1 · 0.5 / (20 · 3) of the way from the cheapest.
+    let (_, cheap, s) = budget_run(r#"{"budget_alpha": 1.0}"#, Some(0.5))?;
+    assert!(cheap > 0.98, "{cheap}");
+    assert_eq!(
+        s["last_decision"]["above_remaining_budget"],
+        serde_json::json!([])
+    );
+    assert!(close(&s["last_decision"]["alpha"], 0.5 / 60.0));
+    // An unmeasured route the caller cannot afford is not explored either.
+    let mut rw = router(
+        r#"{"budget_alpha": 1.0}"#,
+        &[
+            route(0, Some((1_000.0, 0.0)), "{}"),
+            route(1, Some((3_000.0, 0.0)), "{}"),
+        ],
+    )?;
+    rw.observe(&observation(0, true, 10_000.0, 0, ""));
+    assert_eq!(select_with_budget(&mut rw, 1, Some(2.0))[0], 0);
+    assert_eq!(status(&rw)["counters"]["explorations"], 0);
+    assert_eq!(select_with_budget(&mut rw, 1, None)[0], 1);
+    assert_eq!(status(&rw)["counters"]["explorations"], 1);
     Ok(())
 }
