@@ -8,7 +8,8 @@ phase up with instrumentation off, then counts a fixed number of sequential requ
 `callgrind_control -i on/off`, `--repeat` times (default 3), dumping each window separately. Counts
 are the gateway's user-space instructions only; they do not depend on the machine's load, so two
 binaries compare exactly. `SWITCHYARD_METRICS=off` in the environment counts without metrics.
-`--traces` turns traces on: the gateway exports OTLP to a sink this script serves on loopback
+`--fleet` makes the gateway a one-replica fleet on the machine's Redis (its rate-limit counters
+live there). `--traces` turns traces on: the gateway exports OTLP to a sink this script serves on loopback
 (it answers every POST with 200 and keeps nothing), so a run with and one without it give what
 traces cost per request, exporting included.
 
@@ -134,7 +135,10 @@ def main():
     # is much smaller than the kernel's.
     bench.IDLE_MODELS_PER_STRATEGY = 1
     # No strategy ticks: periodic wasm calls would land in the counted windows by chance.
-    (work / "gw.yaml").write_text(bench.gateway_config(work) + "strategies:\n  tick_interval_ms: 0\n")
+    # `--fleet`: the gateway is a one-replica fleet, so the rate-limited phase checks its limits in
+    # Redis (the gateway's instructions only: Redis's own are not counted).
+    fleet = "--fleet" in sys.argv
+    (work / "gw.yaml").write_text(bench.gateway_config(work, fleet=fleet) + "strategies:\n  tick_interval_ms: 0\n")
     procs = []
     try:
         procs.append(subprocess.Popen([binary, "mock-upstream", "--port", str(PORT_MOCK), "--completion-tokens",
@@ -193,6 +197,7 @@ def main():
         (out / "callgrind.json").write_text(json.dumps({"requests_per_phase": REQUESTS, "repeat": REPEAT,
                                                         "metrics": os.environ.get("SWITCHYARD_METRICS", "on"),
                                                         "traces": "on" if traces else "off",
+                                                        "fleet": fleet,
                                                         "phases": results}, indent=2))
         print()
         for r in results:
