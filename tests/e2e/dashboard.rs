@@ -193,7 +193,14 @@ impl Browser {
         .await;
     }
 
+    /// Clicks the element as a user would, after scrolling it to the middle of the window (an
+    /// element half off the top, under a long page, is "not interactable" to the driver).
     async fn click(&self, css: &str) {
+        let selector = serde_json::to_string(css).expect("a JSON string");
+        self.eval(&format!(
+            "document.querySelector({selector}).scrollIntoView({{block: 'center'}}); return true"
+        ))
+        .await;
         let element = self.find(css).await;
         self.command(
             reqwest::Method::POST,
@@ -537,6 +544,22 @@ async fn the_dashboard_shows_models_endpoints_and_requests_to_an_admin_only() {
             )
             .await;
     }
+    // A budget shows with its spend against its limit.
+    let created = http
+        .post(gw.url("/admin/budgets"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({"scope": "group", "subject": "gold", "period": "day", "mode": "soft", "limit_usd": 5}))
+        .send()
+        .await
+        .expect("gateway");
+    assert_eq!(created.status(), 201, "{:?}", created.text().await);
+    browser
+        .wait_for(
+            "the budget in the Budgets card",
+            "const t = document.getElementById('budgets').innerText; \
+             return t.includes('group:gold') && t.includes('$5.0000') && t.includes('soft')",
+        )
+        .await;
     // Rates need two /metrics polls: wait for the second, so the picture shows them.
     browser
         .wait_for(
@@ -546,6 +569,7 @@ async fn the_dashboard_shows_models_endpoints_and_requests_to_an_admin_only() {
             ),
         )
         .await;
+    browser.eval("window.scrollTo(0, 0); return true").await;
     let shot = browser.screenshot().await;
     assert!(shot.starts_with(b"\x89PNG"), "a PNG screenshot");
     std::fs::write(target_dir().join("dashboard.png"), &shot).expect("write the screenshot");

@@ -13,6 +13,7 @@ const API = {
   weights: '../admin/routing/weights',
   metrics: '../metrics',
   logs: '../admin/logs',
+  budgets: '../admin/budgets',
   provider: (target, action) =>
     `../admin/routing/providers/${encodeURIComponent(target)}/${action}`,
 };
@@ -156,11 +157,11 @@ async function poll() {
   if (state.polling) { state.again = true; return; }
   state.polling = true;
   try {
-    const [routing, deep, weights, metrics, logs] = await Promise.allSettled([
+    const [routing, deep, weights, metrics, logs, budgets] = await Promise.allSettled([
       getJson(API.routing), getJson(API.deep), getJson(API.weights),
-      getText(API.metrics), getJson(logsUrl()),
+      getText(API.metrics), getJson(logsUrl()), getJson(API.budgets),
     ]);
-    const all = [routing, deep, weights, metrics, logs];
+    const all = [routing, deep, weights, metrics, logs, budgets];
     const denied = all.find((r) => r.status === 'rejected' && refused(r.reason));
     if (denied) {
       signOut(`Signed out: the gateway refused the token (${denied.reason.status}): ${denied.reason.detail}`);
@@ -169,7 +170,7 @@ async function poll() {
     render({
       routing: routing.value, deep: deep.value, weights: weights.value,
       metrics: metrics.status === 'fulfilled' ? parseMetrics(metrics.value) : null,
-      logs, problems: [routing, deep, weights, metrics]
+      logs, budgets, problems: [routing, deep, weights, metrics]
         .filter((r) => r.status === 'rejected').map((r) => r.reason.message),
     });
   } finally {
@@ -198,6 +199,60 @@ function render(data) {
     updateModelFilter(data.routing);
   }
   renderRequests(data.logs);
+  renderLimits(data.budgets, data.metrics);
+}
+
+// ---- budgets and rate limits ---------------------------------------------------------------
+
+/** Each budget's spend against its limit in the current period, and the rate limits' refusals. */
+function renderLimits(budgets, metrics) {
+  if (budgets.status === 'rejected') {
+    const e = budgets.reason;
+    const why = e.status === 404 ? 'this gateway has no GET /admin/budgets' : e.detail || e.message;
+    $('budgets-note').textContent = `Budgets not available (${why}).`;
+    $('budgets').replaceChildren();
+  } else {
+    const list = budgets.value || [];
+    $('budgets-note').textContent = list.length ? '' : 'No budgets.';
+    const head = el('tr', {}, ...['budget', 'period', 'mode', 'spent', 'limit', 'used', 'remaining', 'resets']
+      .map((h) => el('th', {}, h)));
+    const rows = list.map((b) => {
+      const used = b.limit_usd > 0 ? Math.max(0, b.spent_usd / b.limit_usd) : 0;
+      const over = b.remaining_usd <= 0;
+      return el('tr', { class: over ? 'failed' : '', dataset: { budget: b.id } },
+        el('td', {}, `${b.scope}:${b.subject}`),
+        el('td', {}, b.period),
+        el('td', {}, el('span', { class: `pill ${b.mode === 'hard' ? 'bad' : 'warn'} small` }, b.mode)),
+        el('td', { class: 'num' }, usd(b.spent_usd)),
+        el('td', { class: 'num' }, usd(b.limit_usd)),
+        el('td', {}, el('div', { class: 'bar', title: `${(used * 100).toFixed(1)} %` },
+          fill(`fill ${over ? 'bad' : used > 0.8 ? 'warn' : 'good'}`, used))),
+        el('td', { class: 'num' }, usd(b.remaining_usd)),
+        el('td', { class: 'nowrap' }, b.period_end_ms ? clock(b.period_end_ms) : 'never'));
+    });
+    $('budgets').replaceChildren(el('thead', {}, head), el('tbody', {}, ...rows));
+  }
+  // Refusals of each route's rate limits since the gateway started (`switchyard_rate_limited_total`).
+  const refusals = metrics
+    ? metrics.filter((s) => s.name === 'switchyard_rate_limited_total')
+    : [];
+  $('rate-limits').replaceChildren(...(refusals.length
+    ? [el('thead', {}, el('tr', {}, el('th', {}, 'route'), el('th', {}, 'limit'), el('th', {}, 'refused'))),
+      el('tbody', {}, ...refusals.map((s) => el('tr', {},
+        el('td', {}, s.labels.route), el('td', {}, s.labels.limit), el('td', { class: 'num' }, s.value))))]
+    : [el('tbody', {}, el('tr', {}, el('td', { class: 'muted' }, 'No request refused by a rate limit.')))]));
+}
+
+/** A bar's filled part. Its width is set through the CSSOM: the page's policy forbids inline
+ * style attributes. */
+function fill(cls, fraction) {
+  const node = el('div', { class: cls });
+  node.style.width = `${Math.min(100, fraction * 100).toFixed(1)}%`;
+  return node;
+}
+
+function usd(value) {
+  return typeof value === 'number' ? `$${value.toFixed(4)}` : '–';
 }
 
 // ---- /metrics ------------------------------------------------------------------------------
