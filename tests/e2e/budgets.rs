@@ -10,7 +10,7 @@ use std::time::Duration;
 use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
 
-use crate::harness::{Gateway, Mock};
+use crate::harness::{Gateway, Mock, header, send};
 use crate::routes::{Admin, TOKEN, eventually};
 
 const REMAINING: &str = "x-switchyard-budget-remaining-usd";
@@ -33,31 +33,6 @@ async fn priced_mock() -> Mock {
     let mock = Mock::start(&[]);
     mock.behave(json!({"input_tokens": 1_000_000})).await;
     mock
-}
-
-/// Posts `body` to `path` with `key` (a bearer, or Anthropic's `x-api-key` under `/messages`).
-async fn send(gw: &Gateway, path: &str, key: &str, body: Value) -> (u16, HeaderMap, Value) {
-    let mut request = reqwest::Client::new().post(gw.url(path)).json(&body);
-    request = if path.contains("/messages") {
-        request
-            .header("x-api-key", key)
-            .header("anthropic-version", "2023-06-01")
-    } else {
-        request.bearer_auth(key)
-    };
-    let response = request.send().await.expect("gateway reachable");
-    let status = response.status().as_u16();
-    let headers = response.headers().clone();
-    let text = response.text().await.unwrap_or_default();
-    let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
-    (status, headers, value)
-}
-
-fn header(headers: &HeaderMap, name: &str) -> Option<String> {
-    headers
-        .get(name)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
 }
 
 fn remaining(headers: &HeaderMap) -> f64 {
@@ -137,12 +112,12 @@ async fn a_spent_hard_budget_answers_402_in_each_dialect_and_survives_a_restart(
 
     // 1 USD each: served while under 2.5, each answer saying what is left after it.
     for left in [1.5, 0.5, -0.5] {
-        let (status, h, body) = send(&gw, "/v1/chat/completions", &key, chat()).await;
+        let (status, h, body) = send(&gw, "/v1/chat/completions", Some(key.as_str()), chat()).await;
         assert_eq!(status, 200, "{body}");
         assert_eq!(remaining(&h), left, "{h:?}");
     }
     // Spent: a 402 in OpenAI's shape, saying which budget and when it resets.
-    let (status, h, body) = send(&gw, "/v1/chat/completions", &key, chat()).await;
+    let (status, h, body) = send(&gw, "/v1/chat/completions", Some(key.as_str()), chat()).await;
     assert_eq!(status, 402, "{body}");
     assert_eq!(body["error"]["type"], "budget_exceeded", "{body}");
     assert_eq!(body["error"]["code"], "budget_exceeded", "{body}");
@@ -166,7 +141,7 @@ async fn a_spent_hard_budget_answers_402_in_each_dialect_and_survives_a_restart(
     );
     assert_eq!(remaining(&h), -0.5);
     // And in Anthropic's.
-    let (status, h, body) = send(&gw, "/v1/messages", &key, messages()).await;
+    let (status, h, body) = send(&gw, "/v1/messages", Some(key.as_str()), messages()).await;
     assert_eq!(status, 402, "{body}");
     assert_eq!(body["type"], "error", "{body}");
     assert_eq!(body["error"]["type"], "budget_exceeded_error", "{body}");
@@ -204,15 +179,7 @@ async fn a_spent_hard_budget_answers_402_in_each_dialect_and_survives_a_restart(
         (Some(3.0), Some(-0.5)),
         "{view}"
     );
-    let metrics = reqwest::Client::new()
-        .get(gw.url("/metrics"))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = gw.metrics(TOKEN).await;
     assert!(
         metrics.contains("switchyard_budget_refused_total{scope=\"consumer\"} 2"),
         "{metrics}"
@@ -229,7 +196,12 @@ async fn a_spent_hard_budget_answers_402_in_each_dialect_and_survives_a_restart(
     eventually(
         Duration::from_secs(10),
         "the new limit is in force",
-        || async { send(&gw, "/v1/chat/completions", &key, chat()).await.0 == 200 },
+        || async {
+            send(&gw, "/v1/chat/completions", Some(key.as_str()), chat())
+                .await
+                .0
+                == 200
+        },
     )
     .await;
     admin
@@ -244,10 +216,10 @@ async fn a_spent_hard_budget_answers_402_in_each_dialect_and_survives_a_restart(
     );
     let url = format!("sqlite://{}", db_file.display());
     let again = Gateway::start_on(Some(&url), &config(&mock), ENV);
-    let (status, h, body) = send(&again, "/v1/chat/completions", &key, chat()).await;
+    let (status, h, body) = send(&again, "/v1/chat/completions", Some(key.as_str()), chat()).await;
     assert_eq!(status, 402, "{body}");
     assert_eq!(remaining(&h), -1.5, "{h:?}");
-    let (status, _, body) = send(&again, "/v1/messages", &key, messages()).await;
+    let (status, _, body) = send(&again, "/v1/messages", Some(key.as_str()), messages()).await;
     assert_eq!(status, 402, "{body}");
     assert_eq!(
         mock.chat_requests().await,
@@ -276,16 +248,16 @@ async fn a_soft_group_budget_keeps_serving_past_its_limit() {
     budgeted(&gw, &bob).await;
 
     // The group's consumers spend together; past the limit they are still served.
-    let (status, h, _) = send(&gw, "/v1/chat/completions", &bob, chat()).await;
+    let (status, h, _) = send(&gw, "/v1/chat/completions", Some(bob.as_str()), chat()).await;
     assert_eq!((status, remaining(&h)), (200, 0.5));
-    let (status, h, _) = send(&gw, "/v1/messages", &carol, messages()).await;
+    let (status, h, _) = send(&gw, "/v1/messages", Some(carol.as_str()), messages()).await;
     assert_eq!((status, remaining(&h)), (200, -0.5));
-    let (status, h, _) = send(&gw, "/v1/chat/completions", &bob, chat()).await;
+    let (status, h, _) = send(&gw, "/v1/chat/completions", Some(bob.as_str()), chat()).await;
     assert_eq!(status, 200);
     assert!(remaining(&h) <= 0.0, "{h:?}");
     assert_eq!(mock.chat_requests().await, 3);
     // A consumer outside the group has no budget, and no header.
-    let (status, h, _) = send(&gw, "/v1/chat/completions", &dave, chat()).await;
+    let (status, h, _) = send(&gw, "/v1/chat/completions", Some(dave.as_str()), chat()).await;
     assert_eq!(status, 200);
     assert!(header(&h, REMAINING).is_none(), "{h:?}");
 
@@ -293,15 +265,7 @@ async fn a_soft_group_budget_keeps_serving_past_its_limit() {
         .call(reqwest::Method::GET, &format!("/admin/budgets/{id}"), None)
         .await;
     assert_eq!(view["spent_usd"], 3.0, "{view}");
-    let metrics = reqwest::Client::new()
-        .get(gw.url("/metrics"))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = gw.metrics(TOKEN).await;
     assert!(
         metrics.contains("switchyard_budget_soft_exceeded_total{scope=\"group\"} 1"),
         "warned once: {metrics}"
@@ -454,7 +418,8 @@ async fn replicas_of_a_fleet_spend_one_budget() {
     budgeted(&b, &key).await;
 
     for (replica, left) in [(&a, 1.5), (&b, 0.5), (&a, -0.5)] {
-        let (status, h, body) = send(replica, "/v1/chat/completions", &key, chat()).await;
+        let (status, h, body) =
+            send(replica, "/v1/chat/completions", Some(key.as_str()), chat()).await;
         assert_eq!(status, 200, "{body}");
         // The replica that served knows at once; the spend before it came from the other one
         // (read back within a second, which the requests here leave time for or not).
@@ -476,7 +441,8 @@ async fn replicas_of_a_fleet_spend_one_budget() {
             },
         )
         .await;
-        let (status, h, body) = send(replica, "/v1/chat/completions", &key, chat()).await;
+        let (status, h, body) =
+            send(replica, "/v1/chat/completions", Some(key.as_str()), chat()).await;
         assert_eq!(status, 402, "{body}");
         assert_eq!(remaining(&h), -0.5);
     }

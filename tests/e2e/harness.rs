@@ -325,6 +325,22 @@ impl Gateway {
     }
 }
 
+impl Gateway {
+    /// `GET /metrics` on the main listener with the admin token; panics unless it answers 200.
+    pub async fn metrics(&self, admin_token: &str) -> String {
+        let response = reqwest::Client::new()
+            .get(self.url("/metrics"))
+            .bearer_auth(admin_token)
+            .send()
+            .await
+            .expect("gateway reachable");
+        let status = response.status().as_u16();
+        let text = response.text().await.expect("body");
+        assert_eq!(status, 200, "/metrics answered {status}: {text}");
+        text
+    }
+}
+
 impl Drop for Gateway {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -521,4 +537,36 @@ pub fn restart_postgres() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// Posts `body` to `path` with `key` (as a bearer, or Anthropic's `x-api-key` under `/messages`).
+pub async fn send(
+    gw: &Gateway,
+    path: &str,
+    key: Option<&str>,
+    body: serde_json::Value,
+) -> (u16, reqwest::header::HeaderMap, serde_json::Value) {
+    let mut request = reqwest::Client::new().post(gw.url(path)).json(&body);
+    if let Some(key) = key {
+        request = if path.contains("/messages") {
+            request
+                .header("x-api-key", key)
+                .header("anthropic-version", "2023-06-01")
+        } else {
+            request.bearer_auth(key)
+        };
+    }
+    let response = request.send().await.expect("gateway reachable");
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let text = response.text().await.unwrap_or_default();
+    let value = serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text));
+    (status, headers, value)
+}
+
+pub fn header(headers: &reqwest::header::HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
 }

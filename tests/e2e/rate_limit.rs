@@ -8,7 +8,7 @@ use std::time::Duration;
 use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
 
-use crate::harness::{Gateway, Mock, serve_refuses};
+use crate::harness::{Gateway, Mock, header, send, serve_refuses};
 use crate::routes::{Admin, TOKEN, eventually};
 
 /// A model `m` served by `mock`, the admin token of [`Admin`], and `routes` (YAML).
@@ -17,33 +17,6 @@ fn config(mock: &Mock, routes: &str) -> String {
         "server:\n  admin_token: {TOKEN}\nroutes:\n{routes}models:\n  - id: m\n    route:\n      - kind: openai_compat\n        base_url: {}\n",
         mock.base_url()
     )
-}
-
-/// Posts `body` to `path` with `key` (as a bearer, or Anthropic's `x-api-key` under `/messages`).
-async fn send(gw: &Gateway, path: &str, key: Option<&str>, body: Value) -> (u16, HeaderMap, Value) {
-    let mut request = reqwest::Client::new().post(gw.url(path)).json(&body);
-    if let Some(key) = key {
-        request = if path.contains("/messages") {
-            request
-                .header("x-api-key", key)
-                .header("anthropic-version", "2023-06-01")
-        } else {
-            request.bearer_auth(key)
-        };
-    }
-    let response = request.send().await.expect("gateway reachable");
-    let status = response.status().as_u16();
-    let headers = response.headers().clone();
-    let text = response.text().await.unwrap_or_default();
-    let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
-    (status, headers, value)
-}
-
-fn header(headers: &HeaderMap, name: &str) -> Option<String> {
-    headers
-        .get(name)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
 }
 
 fn number(headers: &HeaderMap, name: &str) -> u64 {
@@ -196,15 +169,7 @@ async fn a_consumer_over_its_rpm_gets_a_429_in_its_dialect_before_any_upstream()
             .all(|(_, by)| by.is_none()),
         "{rows:?}"
     );
-    let metrics = reqwest::Client::new()
-        .get(gw.url("/metrics"))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = gw.metrics(TOKEN).await;
     let line = metrics
         .lines()
         .find(|l| l.starts_with("switchyard_rate_limited_total{"))

@@ -253,15 +253,7 @@ async fn every_attempt_is_logged_priced_and_found_by_every_filter(db: Db) {
     assert_eq!(claude["attempt_log"][0]["provider"], "anthropic");
 
     // The cost counter agrees: B served `priced` twice.
-    let metrics = reqwest::Client::new()
-        .get(gw.url("/metrics"))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = gw.metrics(TOKEN).await;
     let counted: f64 = metrics
         .lines()
         .filter(|l| l.starts_with("switchyard_cost_usd_total{"))

@@ -275,15 +275,7 @@ async fn a_request_span_continues_the_client_trace_with_one_child_per_attempt() 
     assert!(!all.contains("Say hello"), "{all}");
 
     // The exporter's own counter.
-    let metrics = reqwest::Client::new()
-        .get(gateway.url("/metrics"))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = gateway.metrics(ADMIN).await;
     assert!(
         metrics.contains("switchyard_trace_spans_total{outcome=\"exported\"}"),
         "{metrics}"
