@@ -19,6 +19,8 @@ pub const OUTPUT_STAT_CAP: u64 = 10_000;
 #[derive(Clone, Debug, Default)]
 pub struct LatencyProfile {
     samples: VecDeque<(u64, f64)>,
+    /// The same values in ascending order, so the hedge's CDF queries are a binary search each.
+    sorted: Vec<f64>,
     sum: f64,
 }
 
@@ -29,6 +31,8 @@ impl LatencyProfile {
             return;
         }
         self.samples.push_back((now_ms, ttft_ms));
+        let at = self.sorted.partition_point(|&v| v < ttft_ms);
+        self.sorted.insert(at, ttft_ms);
         self.sum += ttft_ms;
         while self.samples.len() > max_samples.max(1) {
             self.pop_front();
@@ -47,9 +51,14 @@ impl LatencyProfile {
     fn pop_front(&mut self) {
         if let Some((_, ms)) = self.samples.pop_front() {
             self.sum -= ms;
+            let at = self.sorted.partition_point(|&v| v < ms);
+            if at < self.sorted.len() {
+                self.sorted.remove(at);
+            }
         }
         if self.samples.is_empty() {
             self.sum = 0.0;
+            self.sorted.clear();
         }
     }
 
@@ -66,36 +75,18 @@ impl LatencyProfile {
         (!self.samples.is_empty()).then(|| (self.sum / self.samples.len() as f64).max(0.0))
     }
 
-    /// The smallest sample `v` with at least `share` of the samples at or below it: the profile
-    /// meets a time limit `t` with probability `share` exactly when `v <= t`. One selection, so a
-    /// caller comparing against many limits pays for the samples once.
-    pub fn share_quantile(&self, share: f64) -> Option<f64> {
-        let n = self.samples.len();
-        if n == 0 {
-            return None;
-        }
-        // The least count k with k / n >= share, in the same float arithmetic as `slo_share`.
-        let mut k = ((share * n as f64).ceil() as usize).clamp(1, n);
-        while k > 1 && (k - 1) as f64 / n as f64 >= share {
-            k -= 1;
-        }
-        while k < n && (k as f64 / n as f64) < share {
-            k += 1;
-        }
-        if (k as f64 / n as f64) < share {
-            return None;
-        }
-        let mut values: Vec<f64> = self.samples.iter().map(|&(_, ms)| ms).collect();
-        let (_, kth, _) = values.select_nth_unstable_by(k - 1, f64::total_cmp);
-        Some(*kth)
+    /// Share of samples at or below `limit_ms` (the empirical CDF); `None` without samples. Failed
+    /// attempts are samples of [`FAILURE_PENALTY_MS`], so they count as misses of any limit below it.
+    pub fn cdf(&self, limit_ms: f64) -> Option<f64> {
+        (!self.sorted.is_empty()).then(|| {
+            let within = self.sorted.partition_point(|&v| v <= limit_ms);
+            within as f64 / self.sorted.len() as f64
+        })
     }
 
     /// Share of samples at or below `slo_ms`; `None` without samples.
     pub fn slo_share(&self, slo_ms: f64) -> Option<f64> {
-        (!self.samples.is_empty()).then(|| {
-            let within = self.samples.iter().filter(|(_, ms)| *ms <= slo_ms).count();
-            within as f64 / self.samples.len() as f64
-        })
+        self.cdf(slo_ms)
     }
 }
 
@@ -177,7 +168,13 @@ pub fn prompt_bucket(prompt_tokens: u32) -> u32 {
 }
 
 impl OutputPredictor {
+    /// Learns one served answer. A zero-token completion is not an observation (as in the
+    /// reference): an empty answer says nothing about how long the next one will be, and counting
+    /// it would drag the means towards nothing.
     pub fn record(&mut self, model: &str, prompt_tokens: u32, completion_tokens: u32) {
+        if completion_tokens == 0 {
+            return;
+        }
         let value = f64::from(completion_tokens);
         let stats = match self.models.get_mut(model) {
             Some(stats) => stats,
@@ -192,8 +189,9 @@ impl OutputPredictor {
         self.global.add(value);
     }
 
-    /// Bucket mean, else model mean, else global mean, else the default; capped by `max_tokens`, at
-    /// least 1.
+    /// Bucket mean, else model mean, else global mean, else the default; capped by `max_tokens`
+    /// (the answer cannot be longer: a deliberate difference from the reference, which ignores it),
+    /// at least 1.
     pub fn predict(
         &self,
         model: &str,
@@ -424,13 +422,13 @@ mod tests {
         bucket: 3,
         model: 3,
         global: 3,
-        default_tokens: 512,
+        default_tokens: 500,
     };
 
     #[test]
     fn output_predictor_falls_back_level_by_level() {
         let mut o = OutputPredictor::default();
-        assert_eq!(o.predict("m", 100, None, T), (512, OutputSource::Default));
+        assert_eq!(o.predict("m", 100, None, T), (500, OutputSource::Default));
         assert_eq!(
             o.predict("m", 100, Some(64), T),
             (64, OutputSource::Default)
@@ -455,29 +453,43 @@ mod tests {
             o.predict("m", 6_000, Some(50), T),
             (50, OutputSource::Bucket)
         );
+        // Zero-token completions teach nothing: the bucket keeps its four samples.
+        for _ in 0..10 {
+            o.record("m", 6_000, 0);
+        }
+        assert_eq!(o.predict("m", 6_000, None, T), (400, OutputSource::Bucket));
+        assert_eq!(o.model("m").count, 4);
+        assert_eq!(o.global().count, 7);
         assert_eq!(prompt_bucket(0), 0);
         assert_eq!(prompt_bucket(1), 0);
         assert_eq!(prompt_bucket(1_024), 10);
     }
 
     #[test]
-    fn share_quantile_agrees_with_slo_share_at_every_limit() {
+    fn cdf_agrees_with_a_count_of_the_live_samples_through_caps_and_trims() {
         let mut profile = LatencyProfile::default();
-        for (i, ms) in [5.0, 1.0, 9.0, 3.0, 3.0, 7.0, 2.0, 8.0, 4.0, 6.0, 10.0, 12.0]
-            .into_iter()
-            .enumerate()
-        {
-            profile.push(i as u64, ms, 1_000, 100);
-        }
-        for share in [0.5, 0.75, 0.9, 0.99, 1.0] {
-            let v = profile.share_quantile(share).expect("has samples");
+        assert_eq!(profile.cdf(1.0), None);
+        let values = [
+            5.0, 1.0, 9.0, 3.0, 3.0, 7.0, 2.0, 8.0, 4.0, 6.0, 10.0, 12.0, 3.0,
+        ];
+        for (i, ms) in values.into_iter().enumerate() {
+            // At most 8 samples, and a 6 ms window from the newest: both drop the oldest.
+            profile.push(i as u64, ms, 6, 8);
+            let live: Vec<f64> = profile.samples.iter().map(|&(_, v)| v).collect();
             for limit in 0..=13 {
                 let limit = f64::from(limit);
-                let met = profile.slo_share(limit).expect("has samples") >= share;
-                assert_eq!(met, v <= limit, "share {share}, limit {limit}");
+                let expected =
+                    live.iter().filter(|&&v| v <= limit).count() as f64 / live.len() as f64;
+                assert_eq!(
+                    profile.cdf(limit),
+                    Some(expected),
+                    "after {i}, limit {limit}"
+                );
             }
         }
-        assert_eq!(LatencyProfile::default().share_quantile(0.99), None);
+        profile.trim(1_000, 6);
+        assert_eq!(profile.cdf(100.0), None);
+        assert!(profile.sorted.is_empty());
     }
 
     #[test]

@@ -5,7 +5,9 @@
 //! while a slot is free) and a TTFT estimate (mean of its live latency profile). The LP
 //! ([`lp`]) minimises mean TTFT subject to `Σ π_j c_j ≤ B` with
 //! `B = c_min + α (c_max − c_min)`; the primary is drawn from the resulting (at most two-route)
-//! mixture with the request's seed. An endpoint with no samples is explored once per lease. Session
+//! mixture with the request's seed. An endpoint with no samples is explored once per lease, with the
+//! probability that keeps the decision's expected cost within `B` (so never above the cheapest at
+//! α = 0, as in the reference). Session
 //! affinity is a tie-break: the caller's pinned candidate stays primary only while the plan gives
 //! it a share (every member of the optimal mixture is as good as the draw); one the plan leaves out
 //! (at `budget_alpha` 1 everything goes to the fastest) loses the pin. Budget pressure: a caller
@@ -46,10 +48,20 @@ use learn::{
     Bounds, CostEnvelope, EnvelopeSettings, LatencyProfile, OutputPredictor, OutputThresholds,
 };
 
-/// A backup must reach the SLO with at least this probability to be worth a hedge.
+/// A hedge is planned only where the request then meets the SLO with at least this probability.
 pub const HEDGE_TARGET: f64 = 0.99;
-/// Samples a backup's latency profile needs before its distribution is trusted for a hedge.
-pub const HEDGE_MIN_SAMPLES: usize = 20;
+/// Samples the primary's and a backup's latency profiles each need before a hedge is planned
+/// (the reference's 5).
+pub const HEDGE_MIN_SAMPLES: usize = 5;
+/// Time from the host deciding to send the backup to the backup's request leaving, subtracted from
+/// the time the backup has left (the reference's calibrated 5 ms).
+pub const HEDGE_DISPATCH_OVERHEAD_MS: f64 = 5.0;
+
+/// Server-side failures in a row (no success between them) that bench an endpoint.
+pub const COOLDOWN_AFTER_FAILURES: u32 = 3;
+/// How long a benched endpoint is left out of plans and hedges; each further failure restarts it,
+/// a success ends it.
+pub const COOLDOWN_MS: u64 = 30_000;
 
 /// How long an exploration lease keeps other requests from exploring the same endpoint.
 pub const EXPLORATION_LEASE_MS: u64 = 60_000;
@@ -145,6 +157,8 @@ struct LastDecision {
     feasible: Vec<Evaluated>,
     excluded: Vec<Evaluated>,
     explored: Option<String>,
+    /// The exploration target's draw probability, when there was a target with q > 0.
+    exploration_probability: Option<f64>,
     primary: Option<u32>,
     predicted_output_tokens: u32,
     output_source: &'static str,
@@ -155,6 +169,22 @@ struct LastDecision {
     remaining_budget_usd: Option<f64>,
     /// Feasible endpoints left out of the plan because each alone costs more than that.
     above_remaining_budget: Vec<String>,
+}
+
+/// Server-side failures of one endpoint, for the cooldown.
+#[derive(Clone, Copy, Debug, Default)]
+struct Streak {
+    failures: u32,
+    /// Left out of plans until then (ms); 0 when not benched.
+    cooldown_until_ms: u64,
+}
+
+/// Whether a failed attempt's status is the endpoint's fault: a transport error or timeout (0), a
+/// 408 or 429, a 5xx, or a broken answer after a success status. Other 4xx are about the request
+/// (a bad body, a model it does not serve, a caller's credential) and teach nothing about the
+/// endpoint, as in the reference, which penalises only server-side failures.
+pub fn server_side_failure(status: u16) -> bool {
+    !(400..500).contains(&status) || status == 408 || status == 429
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -169,6 +199,13 @@ struct Counters {
     slots_expired: u64,
     leases_expired: u64,
     hedges_planned: u64,
+    /// Exploration draws that went to the cheapest route instead (the budget allowed exploring
+    /// with a probability below 1).
+    explorations_declined: u64,
+    /// Endpoints benched after three server-side failures in a row.
+    cooldowns: u64,
+    /// Failed attempts about the request (4xx other than 408/429): no latency penalty.
+    request_failures: u64,
     /// Decisions that kept the caller's affinity-pinned candidate as the primary.
     affinity_kept: u64,
     /// Decisions whose plan the caller's remaining budget changed (α lowered, or routes costing
@@ -185,6 +222,8 @@ pub struct RouteWise {
     latency: BTreeMap<String, LatencyProfile>,
     /// Exploration leases: endpoint → until (ms).
     leases: BTreeMap<String, u64>,
+    /// Server-side failure streaks and cooldowns by endpoint.
+    streaks: BTreeMap<String, Streak>,
     output: OutputPredictor,
     envelope: CostEnvelope,
     concurrency: ConcurrencyPools,
@@ -222,6 +261,50 @@ fn float_order(a: f64, b: f64) -> Ordering {
     a.partial_cmp(&b).unwrap_or(Ordering::Equal)
 }
 
+/// The probability that a request meets `slo_ms` when a backup is sent `elapsed_ms` after the
+/// primary, which has not answered by then (the reference's rule): the primary's own chance,
+/// conditioned on its survival, plus, where it would miss, the backup's chance in the time left
+/// after [`HEDGE_DISPATCH_OVERHEAD_MS`]. Where the profile says the primary should have answered
+/// already, the observation wins and the backup alone counts. Failures are samples of 60 s, so
+/// they count as misses on both sides.
+pub(crate) fn hedge_success(
+    primary: &LatencyProfile,
+    backup: &LatencyProfile,
+    elapsed_ms: f64,
+    slo_ms: f64,
+) -> f64 {
+    let remaining = slo_ms - elapsed_ms - HEDGE_DISPATCH_OVERHEAD_MS;
+    let backup_meets = if remaining > 0.0 {
+        backup.cdf(remaining).unwrap_or(0.0)
+    } else {
+        0.0
+    };
+    let (at_elapsed, at_slo) = (
+        primary.cdf(elapsed_ms).unwrap_or(0.0),
+        primary.cdf(slo_ms).unwrap_or(0.0),
+    );
+    let survival = (1.0 - at_elapsed).max(0.0);
+    if survival <= lp::LP_EPS {
+        return backup_meets.clamp(0.0, 1.0);
+    }
+    let primary_meets = (at_slo - at_elapsed).max(0.0) / survival;
+    let primary_misses = (1.0 - at_slo).max(0.0) / survival;
+    (primary_meets + primary_misses * backup_meets).clamp(0.0, 1.0)
+}
+
+/// The probability of exploring a route of cost `cost` with budget `budget` (the reference's rule):
+/// 1 within the budget, else `(B − c_min) / (cost − c_min)`, the share that keeps the expected cost
+/// of {cheapest, explored} at `B`; 0 at α = 0 for a route dearer than the cheapest.
+pub fn exploration_probability(cost: f64, c_min: f64, budget: f64) -> f64 {
+    if cost <= budget + lp::LP_EPS {
+        1.0
+    } else if cost > c_min {
+        ((budget - c_min) / (cost - c_min)).clamp(0.0, 1.0)
+    } else {
+        0.0
+    }
+}
+
 impl RouteWise {
     fn window_ms(&self) -> u64 {
         u64::from(self.params.latency_window_sec) * 1_000
@@ -256,6 +339,12 @@ impl RouteWise {
             ),
             None => (self.params.latency_unprofiled_ttft_ms, 0),
         }
+    }
+
+    fn cooling_down(&self, endpoint_id: &str, now_ms: u64) -> bool {
+        self.streaks
+            .get(endpoint_id)
+            .is_some_and(|s| now_ms < s.cooldown_until_ms)
     }
 
     fn leased(&self, endpoint_id: &str, now_ms: u64) -> bool {
@@ -364,54 +453,64 @@ impl RouteWise {
                 }
             }
         }
+        if evaluated.excluded.is_none() && self.cooling_down(&evaluated.endpoint_id, request.now_ms)
+        {
+            evaluated.excluded = Some("cooldown");
+        }
         evaluated
     }
 
-    /// Mixture routes by (weight desc, TTFT, cost, index); then the others by (over budget, TTFT,
-    /// cost, index). Positions into `feasible`.
-    /// The latency hedge for a request whose primary is `feasible[primary]`: at the checkpoints
-    /// 25 %, 27.5 % … 90 % of the SLO, latest first, the cheapest other feasible route whose
-    /// empirical TTFT distribution meets the time left to the SLO with probability ≥ 0.99 (on at
-    /// least [`HEDGE_MIN_SAMPLES`] samples). The host dispatches it at that checkpoint if the
-    /// primary has produced no first token by then; the first token wins.
-    /// Positions in `skip` (routes the caller cannot afford) are never backups.
+    /// The latency hedge for a request whose primary is `feasible[primary]`, by the reference's
+    /// rule: at the checkpoints 25 %, 27.5 % … 90 % of the SLO, latest first, the cheapest other
+    /// feasible route with which the request meets the SLO with probability ≥ [`HEDGE_TARGET`]
+    /// ([`hedge_success`]: the primary given that it has not answered yet, else the backup sent
+    /// then). Both profiles need [`HEDGE_MIN_SAMPLES`]. The host dispatches it at that checkpoint
+    /// if the primary has produced no first token by then; the first token wins. Positions in
+    /// `skip` (routes the caller cannot afford) are never backups.
     fn hedge(&self, feasible: &[Evaluated], primary: usize, skip: &[usize]) -> Option<(u64, u32)> {
         if self.params.latency_hedge_mode != HedgeMode::ProbabilityTarget
             || self.params.fallback_mode == FallbackMode::Strict
         {
             return None;
         }
+        let trusted = |e: &Evaluated| {
+            self.latency
+                .get(&e.endpoint_id)
+                .filter(|profile| profile.len() >= HEDGE_MIN_SAMPLES)
+        };
+        let primary_profile = trusted(&feasible[primary])?;
         let slo_ms = self.params.latency_slo_sec * 1_000.0;
-        let mut backups: Vec<&Evaluated> = feasible
+        let backups: Vec<(&Evaluated, &LatencyProfile)> = feasible
             .iter()
             .enumerate()
             .filter(|(p, e)| {
                 *p != primary && e.index != feasible[primary].index && !skip.contains(p)
             })
-            .map(|(_, e)| e)
+            .filter_map(|(_, e)| trusted(e).map(|profile| (e, profile)))
             .collect();
-        backups.sort_by(|a, b| float_order(a.cost, b.cost).then(a.index.cmp(&b.index)));
-        // Per backup, the least time left it meets with the target probability (computed once,
-        // when first needed, rather than a pass over its samples per checkpoint).
-        let mut needs: Vec<Option<Option<f64>>> = vec![None; backups.len()];
         for step in (0..=26).rev() {
             let at_ms = slo_ms * (0.25 + 0.025 * f64::from(step));
-            let left = slo_ms - at_ms;
-            for (b, backup) in backups.iter().enumerate() {
-                let need = *needs[b].get_or_insert_with(|| {
-                    self.latency
-                        .get(&backup.endpoint_id)
-                        .filter(|profile| profile.len() >= HEDGE_MIN_SAMPLES)
-                        .and_then(|profile| profile.share_quantile(HEDGE_TARGET))
+            let best = backups
+                .iter()
+                .filter_map(|&(e, profile)| {
+                    let p = hedge_success(primary_profile, profile, at_ms, slo_ms);
+                    (p >= HEDGE_TARGET - lp::LP_EPS).then_some((e, p))
+                })
+                .min_by(|(a, pa), (b, pb)| {
+                    float_order(a.cost, b.cost)
+                        .then(float_order(*pb, *pa))
+                        .then(float_order(a.ttft_ms, b.ttft_ms))
+                        .then(a.index.cmp(&b.index))
                 });
-                if need.is_some_and(|need| need <= left) {
-                    return Some((at_ms.round() as u64, backup.index));
-                }
+            if let Some((backup, _)) = best {
+                return Some((at_ms.round() as u64, backup.index));
             }
         }
         None
     }
 
+    /// Mixture routes by (weight desc, TTFT, cost, index); then the others by (over budget, TTFT,
+    /// cost, index). Positions into `feasible`.
     fn fallback_positions(feasible: &[Evaluated], plan: &Plan) -> Vec<usize> {
         let weight = |p: usize| plan.weights.get(p).copied().unwrap_or(0.0);
         let (mut mass, mut rest): (Vec<usize>, Vec<usize>) =
@@ -505,6 +604,7 @@ impl RouteWise {
             "mean_ttft_ms": last.plan.mean_ttft_ms,
             "primary": last.primary,
             "explored": last.explored,
+            "exploration_probability": last.exploration_probability,
             "predicted_output_tokens": last.predicted_output_tokens,
             "output_source": last.output_source,
             "envelope_calibrated": last.envelope.calibrated,
@@ -532,6 +632,7 @@ impl Strategy for RouteWise {
             routes: BTreeMap::new(),
             latency: BTreeMap::new(),
             leases: BTreeMap::new(),
+            streaks: BTreeMap::new(),
             output: OutputPredictor::default(),
             envelope: CostEnvelope::default(),
             concurrency: ConcurrencyPools::default(),
@@ -611,10 +712,26 @@ impl Strategy for RouteWise {
             self.output_thresholds(),
         );
         let envelope = self.envelope.bounds(now, self.envelope_settings());
-        let (feasible, excluded): (Vec<Evaluated>, Vec<Evaluated>) = declared_positions(candidates)
-            .into_iter()
-            .map(|p| self.evaluate(request, &candidates[p], output_tokens, envelope))
-            .partition(|e| e.excluded.is_none());
+        let (mut feasible, mut excluded): (Vec<Evaluated>, Vec<Evaluated>) =
+            declared_positions(candidates)
+                .into_iter()
+                .map(|p| self.evaluate(request, &candidates[p], output_tokens, envelope))
+                .partition(|e| e.excluded.is_none());
+        // A route another request is exploring (no samples yet, a live lease) leaves the plan
+        // until its answer comes, as in the reference, while another route is feasible. When
+        // every feasible route is being explored they stay (the reference refuses then), so a
+        // concurrency route keeps counting its slots.
+        let explored_now = |e: &Evaluated| e.samples == 0 && self.leased(&e.endpoint_id, now);
+        if feasible.iter().any(|e| !explored_now(e)) && feasible.iter().any(explored_now) {
+            let (plan_routes, leased): (Vec<Evaluated>, Vec<Evaluated>) =
+                feasible.into_iter().partition(|e| !explored_now(e));
+            feasible = plan_routes;
+            excluded.extend(leased.into_iter().map(|mut e| {
+                e.excluded = Some("exploration_lease");
+                e
+            }));
+            excluded.sort_by_key(|e| e.index);
+        }
 
         // Budget pressure (a caller near its cap): routes that alone cost more than what the
         // caller has left leave the plan while a cheaper one is feasible, and α slides towards 0
@@ -656,15 +773,35 @@ impl Strategy for RouteWise {
             LpStatus::SingleProvider | LpStatus::Optimal => {}
         }
 
-        // Exploration: the cheapest feasible endpoint without samples and without a lease.
-        let explore = in_plan
+        // Exploration (the reference's rule): the cheapest feasible endpoint without samples and
+        // without a lease is the target, drawn with probability q = 1 when it fits the budget,
+        // else (B − c_min) / (c_target − c_min), so the decision's expected cost stays within B;
+        // the other draws go to the cheapest route. At α = 0 only a route as cheap as the
+        // cheapest is explored.
+        let by_cost = |&a: &usize, &b: &usize| {
+            float_order(feasible[a].cost, feasible[b].cost)
+                .then(feasible[a].index.cmp(&feasible[b].index))
+        };
+        let target = in_plan
             .iter()
             .copied()
             .filter(|&p| feasible[p].samples == 0 && !self.leased(&feasible[p].endpoint_id, now))
-            .min_by(|&a, &b| {
-                float_order(feasible[a].cost, feasible[b].cost)
-                    .then(feasible[a].index.cmp(&feasible[b].index))
-            });
+            .min_by(by_cost);
+        let exploring = target
+            .map(|p| {
+                (
+                    p,
+                    exploration_probability(feasible[p].cost, plan.c_min, plan.budget),
+                )
+            })
+            .filter(|&(_, q)| q > 0.0);
+        let explore = exploring.filter(|&(_, q)| u < q).map(|(p, _)| p);
+        let cheapest_instead = if exploring.is_some() && explore.is_none() {
+            self.counters.explorations_declined += 1;
+            in_plan.iter().copied().min_by(by_cost)
+        } else {
+            None
+        };
         // Session affinity as a tie-break: the caller's warm endpoint stays primary while the plan
         // gives it a share; one the optimum leaves out loses the pin (the host moves it).
         let pinned = candidates
@@ -672,10 +809,13 @@ impl Strategy for RouteWise {
             .find(|c| c.affinity_pinned)
             .and_then(|c| feasible.iter().position(|e| e.index == c.index))
             .filter(|&p| plan.weights.get(p).is_some_and(|&w| w > lp::LP_EPS));
-        if explore.is_none() && pinned.is_some() {
+        if exploring.is_none() && pinned.is_some() {
             self.counters.affinity_kept += 1;
         }
-        let primary = explore.or(pinned).or_else(|| lp::sample(&plan.weights, u));
+        let primary = match exploring {
+            Some(_) => explore.or(cheapest_instead),
+            None => pinned.or_else(|| lp::sample(&plan.weights, u)),
+        };
 
         let mut order: Vec<u32> = Self::fallback_positions(&feasible, &plan)
             .into_iter()
@@ -736,6 +876,7 @@ impl Strategy for RouteWise {
         self.last = Some(LastDecision {
             at_ms: now,
             explored: explore.map(|p| feasible[p].endpoint_id.clone()),
+            exploration_probability: exploring.map(|(_, q)| q),
             primary: order.first().copied(),
             plan,
             feasible,
@@ -782,25 +923,48 @@ impl Strategy for RouteWise {
             .filter(|m| m.kind == ProviderKind::Quota)
             .map(|m| m.pool.clone());
 
+        // What the attempt says about the endpoint (as in the reference): a first token is a TTFT
+        // sample and ends a failure streak; a server-side failure before it is the 60 s penalty,
+        // and any server-side failure a step towards the cooldown; a failure about the request
+        // (a 4xx other than 408/429) says nothing.
+        let first_token = observation.ttft_ms.filter(|t| t.is_finite() && *t >= 0.0);
+        let server_failure = !observation.success && server_side_failure(observation.status);
         let sample = if observation.success {
-            observation
-                .ttft_ms
-                .filter(|t| t.is_finite() && *t >= 0.0)
-                .unwrap_or(observation.latency_ms)
+            Some(first_token.unwrap_or(observation.latency_ms))
+        } else if server_failure {
+            Some(first_token.unwrap_or(FAILURE_PENALTY_MS))
         } else {
-            FAILURE_PENALTY_MS
+            self.counters.request_failures += 1;
+            None
         };
-        let (window, max) = (
-            self.window_ms(),
-            self.params.latency_max_samples_per_profile as usize,
-        );
-        let profile = match self.latency.get_mut(&endpoint_id) {
-            Some(profile) => profile,
-            None => self.latency.entry(endpoint_id.clone()).or_default(),
-        };
-        profile.push(now, sample, window, max);
-        if !profile.is_empty() {
-            self.leases.remove(&endpoint_id);
+        if let Some(sample) = sample {
+            let (window, max) = (
+                self.window_ms(),
+                self.params.latency_max_samples_per_profile as usize,
+            );
+            let profile = match self.latency.get_mut(&endpoint_id) {
+                Some(profile) => profile,
+                None => self.latency.entry(endpoint_id.clone()).or_default(),
+            };
+            profile.push(now, sample, window, max);
+            if !profile.is_empty() {
+                self.leases.remove(&endpoint_id);
+            }
+            let streak = self.streaks.entry(endpoint_id).or_default();
+            if observation.success || first_token.is_some() {
+                *streak = Streak::default();
+            }
+            if server_failure {
+                streak.failures += 1;
+                if streak.failures >= COOLDOWN_AFTER_FAILURES {
+                    if now >= streak.cooldown_until_ms {
+                        self.counters.cooldowns += 1;
+                    }
+                    streak.cooldown_until_ms = streak
+                        .cooldown_until_ms
+                        .max(now.saturating_add(COOLDOWN_MS));
+                }
+            }
         }
 
         if observation.success {
@@ -837,6 +1001,11 @@ impl Strategy for RouteWise {
                     "slo_share": profile.and_then(|p| p.slo_share(slo_ms)),
                     "exploration_lease_until_ms": self.leases.get(&entry.endpoint_id)
                         .filter(|&&until| now < until),
+                    "failure_streak": self.streaks.get(&entry.endpoint_id)
+                        .map_or(0, |s| s.failures),
+                    "cooldown_until_ms": self.streaks.get(&entry.endpoint_id)
+                        .map(|s| s.cooldown_until_ms)
+                        .filter(|&until| now < until),
                 }),
             );
             routes.push(match &entry.meta {
@@ -958,6 +1127,9 @@ impl Strategy for RouteWise {
                 "slots_expired": c.slots_expired,
                 "leases_expired": c.leases_expired,
                 "hedges_planned": c.hedges_planned,
+                "explorations_declined": c.explorations_declined,
+                "cooldowns": c.cooldowns,
+                "request_failures": c.request_failures,
             },
         })
         .to_string()

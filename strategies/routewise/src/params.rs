@@ -4,15 +4,17 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// Hedging policy. Hedging (a backup request while the primary is slow) is dispatched by the host;
-/// the component only carries the setting (and reports it in `status`).
+/// Hedging policy. The component plans the hedge (which backup, after how long) and returns it as
+/// the decision's typed `hedge`; the host dispatches it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum HedgeMode {
     /// No hedging.
     #[default]
     Disabled,
-    /// Hedge when the primary's probability of meeting `latency_slo_sec` drops below target.
+    /// Hedge at the latest checkpoint (25 %, 27.5 % … 90 % of `latency_slo_sec`) from which the
+    /// request still meets the SLO with probability ≥ 0.99, the primary given its survival so far
+    /// or the backup.
     ProbabilityTarget,
 }
 
@@ -52,7 +54,8 @@ pub struct RouteWiseParams {
     /// Host-side: only use quota/concurrency routes when one gateway process serves the model (their
     /// accounting is per process). The component cannot see the process count; it reports the flag.
     pub stateful_providers_single_worker_only: bool,
-    /// Predicted completion tokens when nothing was learned yet.
+    /// Predicted completion tokens when nothing was learned yet (the reference's 500), capped by the
+    /// request's `max_tokens`.
     #[schemars(range(min = 1))]
     pub output_default_tokens: u32,
     /// Samples a (model, ⌊log2 prompt tokens⌋) bucket needs before its mean is used.
@@ -78,8 +81,8 @@ pub struct RouteWiseParams {
     /// until then).
     #[schemars(range(min = 1))]
     pub envelope_min_samples: u32,
-    /// TTFT objective in seconds: reported per endpoint in `status` as the share of samples within
-    /// it; the host's hedging uses it.
+    /// TTFT objective in seconds: the hedge's target, and reported per endpoint in `status` as the
+    /// share of samples within it.
     #[schemars(extend("exclusiveMinimum" = 0))]
     pub latency_slo_sec: f64,
     /// Window of the latency profiles, in seconds.
@@ -93,7 +96,7 @@ pub struct RouteWiseParams {
     /// TTFT estimate of an endpoint with no samples in the window, in milliseconds.
     #[schemars(range(min = 0))]
     pub latency_unprofiled_ttft_ms: f64,
-    /// Hedging policy (host-side).
+    /// Hedging policy: planned by the component, dispatched by the host.
     pub latency_hedge_mode: HedgeMode,
     /// `policy`: full fallback order; `strict`: only the primary.
     pub fallback_mode: FallbackMode,
@@ -127,10 +130,10 @@ impl Default for RouteWiseParams {
             db_bootstrap_enabled: false,
             db_bootstrap_max_rows: 10_000,
             stateful_providers_single_worker_only: true,
-            output_default_tokens: 512,
-            output_min_bucket_samples: 3,
-            output_min_model_samples: 3,
-            output_min_global_samples: 3,
+            output_default_tokens: 500,
+            output_min_bucket_samples: 5,
+            output_min_model_samples: 20,
+            output_min_global_samples: 20,
             quota_snapshot_refresh_interval_sec: 60,
             envelope_window_hours: 24.0,
             envelope_lower_percentile: 10.0,
@@ -276,6 +279,23 @@ mod tests {
         );
         assert_eq!(schema["properties"]["fallback_mode"]["default"], "policy");
         assert_eq!(schema["properties"]["envelope_min_samples"]["default"], 20);
+        // The reference's output predictor: 500 tokens, a bucket after 5 answers, overall after 20.
+        assert_eq!(
+            schema["properties"]["output_default_tokens"]["default"],
+            500
+        );
+        assert_eq!(
+            schema["properties"]["output_min_bucket_samples"]["default"],
+            5
+        );
+        assert_eq!(
+            schema["properties"]["output_min_model_samples"]["default"],
+            20
+        );
+        assert_eq!(
+            schema["properties"]["output_min_global_samples"]["default"],
+            20
+        );
     }
 
     #[test]

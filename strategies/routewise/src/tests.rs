@@ -117,11 +117,17 @@ fn hand_solved_mixture_through_the_strategy() -> Result<(), String> {
 
 #[test]
 fn predicted_output_prices_the_completion() -> Result<(), String> {
-    // Completion-only pricing: 512 default tokens × 2 USD/M.
+    // Completion-only pricing: 500 default tokens (the reference's) × 2 USD/M. The route is
+    // profiled by an empty answer first (no exploration lease), which teaches the predictor nothing.
     let mut rw = router(r#"{}"#, &[route(0, Some((0.0, 2.0)), "{}")])?;
+    let mut empty = observation(0, true, 500.0, 0, "");
+    empty.completion_tokens = 0;
+    rw.observe(&empty);
     let (_, tag) = select(&mut rw, 1, 1, &[0]);
-    assert!((tag.predicted_cost - 512.0 * 2.0 / 1e6).abs() < 1e-15);
-    // max_tokens caps the prediction.
+    assert!((tag.predicted_cost - 500.0 * 2.0 / 1e6).abs() < 1e-15);
+    // max_tokens caps the prediction, the default too: a deliberate difference from the
+    // reference (which predicts 500 whatever the request's max_tokens), because no answer can be
+    // longer than max_tokens and a longer prediction only overprices the route.
     let decision = rw.select(
         &Request {
             max_tokens: Some(10),
@@ -132,8 +138,17 @@ fn predicted_output_prices_the_completion() -> Result<(), String> {
     let tag = DecisionTag::parse(&decision.strategy_metadata).ok_or("tag")?;
     assert!((tag.predicted_cost - 10.0 * 2.0 / 1e6).abs() < 1e-15);
     assert_eq!(status(&rw)["last_decision"]["lp_status"], "single_provider");
-    // Three observations of 100 completion tokens at 1 000 prompt tokens: the bucket mean wins.
-    for i in 0..3 {
+    // Zero-token answers teach nothing (as in the reference): still the default.
+    for i in 0..10 {
+        let mut empty = observation(0, true, 500.0, 3 + i, "");
+        empty.completion_tokens = 0;
+        rw.observe(&empty);
+    }
+    select(&mut rw, 3, 10, &[0]);
+    assert_eq!(status(&rw)["last_decision"]["output_source"], "default");
+    assert_eq!(status(&rw)["output"]["model_samples"], 0);
+    // Five observations of 100 completion tokens at 1 000 prompt tokens: the bucket mean wins.
+    for i in 0..5 {
         rw.observe(&observation(0, true, 500.0, 3 + i, ""));
     }
     select(&mut rw, 3, 10, &[0]);
@@ -188,7 +203,7 @@ fn unpriced_routes_cost_nothing_and_say_so() -> Result<(), String> {
 fn failures_count_as_sixty_seconds_and_the_window_forgets() -> Result<(), String> {
     let mut rw = router("{}", &[route(0, Some((1.0, 1.0)), "{}")])?;
     rw.observe(&observation(0, true, 1_000.0, 0, ""));
-    rw.observe(&observation(0, false, 5.0, 1_000, ""));
+    rw.observe(&failed(0, 502, 1_000));
     let s = status(&rw);
     assert_eq!(s["latency"]["m:ep0"]["samples"], 2);
     assert_eq!(s["latency"]["m:ep0"]["mean_ttft_ms"], 30_500.0);
@@ -206,6 +221,15 @@ fn failures_count_as_sixty_seconds_and_the_window_forgets() -> Result<(), String
     obs.latency_ms = 1_234.0;
     rw.observe(&obs);
     assert_eq!(status(&rw)["latency"]["m:ep0"]["mean_ttft_ms"], 1_234.0);
+    // A stream that broke after its first token (the host reports status 200, not a success):
+    // the endpoint did answer that fast, so its TTFT is the sample (the reference records the
+    // first token and no error), and the failure starts a new streak.
+    let mut broken = observation(0, false, 766.0, 901_003, "");
+    broken.status = 200;
+    rw.observe(&broken);
+    let s = status(&rw);
+    assert_eq!(s["latency"]["m:ep0"]["mean_ttft_ms"], 1_000.0);
+    assert_eq!(s["latency"]["m:ep0"]["failure_streak"], 1);
     Ok(())
 }
 
@@ -226,9 +250,10 @@ fn sample_cap_per_profile() -> Result<(), String> {
 
 #[test]
 fn an_unprofiled_endpoint_is_explored_by_exactly_one_request_per_lease() -> Result<(), String> {
-    // ep0 is fast, cheap and profiled; ep1 (dear) and ep2 (dearer) have no samples.
+    // ep0 is fast, cheap and profiled; ep1 (dear) and ep2 (dearer) have no samples. α = 1: both
+    // fit the budget, so each is explored with probability 1.
     let mut rw = router(
-        r#"{"budget_alpha": 0.0}"#,
+        r#"{"budget_alpha": 1.0}"#,
         &[
             route(0, Some((1.0, 0.0)), "{}"),
             route(1, Some((2.0, 0.0)), "{}"),
@@ -248,6 +273,19 @@ fn an_unprofiled_endpoint_is_explored_by_exactly_one_request_per_lease() -> Resu
     // The cheaper unprofiled endpoint first, then the other; each exactly once.
     assert_eq!(explored, vec![1, 2]);
     let s = status(&rw);
+    // While explored, both are out of the plan (last-resort fallbacks), as in the reference.
+    let reasons: Vec<&Value> = s["last_decision"]["candidates"]
+        .as_array()
+        .map(|c| c.iter().map(|c| &c["excluded"]).collect())
+        .unwrap_or_default();
+    assert_eq!(
+        reasons,
+        [
+            &Value::Null,
+            &Value::from("exploration_lease"),
+            &Value::from("exploration_lease")
+        ]
+    );
     assert_eq!(s["counters"]["explorations"], 2);
     assert_eq!(
         s["latency"]["m:ep1"]["exploration_lease_until_ms"],
@@ -725,7 +763,34 @@ fn property_random_routers() -> Result<(), String> {
                     .find(|c| c["index"].as_u64() == primary)
                     .and_then(|c| c["weight"].as_f64())
                     .unwrap_or(0.0);
-                assert!(explored || primary_weight > 0.0, "case {case} step {step}");
+                // An exploration draw that did not explore went to the cheapest route instead.
+                let declined = !explored && !last["exploration_probability"].is_null();
+                if declined {
+                    let cheapest = last["candidates"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default()
+                        .into_iter()
+                        .filter(|c| c["weight"].is_number())
+                        .map(|c| c["cost"].as_f64().unwrap_or(f64::NAN))
+                        .fold(f64::INFINITY, f64::min);
+                    let primary_cost = last["candidates"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default()
+                        .iter()
+                        .find(|c| c["index"].as_u64() == primary)
+                        .and_then(|c| c["cost"].as_f64());
+                    assert_eq!(
+                        primary_cost,
+                        Some(cheapest),
+                        "case {case} step {step}: {last}"
+                    );
+                }
+                assert!(
+                    explored || declined || primary_weight > 0.0,
+                    "case {case} step {step}"
+                );
             }
             // Observe the primary (sometimes lost, sometimes failed).
             if rng.below(5) != 0 {
@@ -790,7 +855,7 @@ fn hedge_plan_picks_the_latest_checkpoint_a_backup_can_still_meet() -> Result<()
     for i in 0..30 {
         cold.observe(&observation(0, true, 1_000.0, 1_000 + i, ""));
     }
-    for i in 0..5 {
+    for i in 0..4 {
         cold.observe(&observation(1, true, 500.0, 1_000 + i, ""));
     }
     let decision = cold.select(&request(7, 2_000, 1_000), &candidates(&[0, 1]))?;
@@ -959,3 +1024,279 @@ fn routes_dearer_than_the_remaining_budget_are_never_the_primary() -> Result<(),
     assert_eq!(status(&rw)["counters"]["explorations"], 1);
     Ok(())
 }
+
+/// A failed attempt with the given HTTP status (0: transport error or timeout).
+fn failed(index: u32, status: u16, now_ms: u64) -> Observation {
+    Observation {
+        status,
+        ttft_ms: None,
+        ..observation(index, false, 0.0, now_ms, "")
+    }
+}
+
+/// Cheap primary (ep0) and dear backup (ep1) at α = 0 with hedging on, SLO 3 s, after the given
+/// TTFT samples of each.
+fn hedge_router(primary: &[f64], backup: &[f64]) -> Result<RouteWise, String> {
+    let mut rw = router(
+        r#"{"budget_alpha": 0.0, "latency_hedge_mode": "probability_target", "latency_slo_sec": 3}"#,
+        &[
+            route(0, Some((0.1, 0.1)), "{}"),
+            route(1, Some((10.0, 10.0)), "{}"),
+        ],
+    )?;
+    for (index, samples) in [(0, primary), (1, backup)] {
+        for (i, &ms) in samples.iter().enumerate() {
+            // A failure every tenth sample at most: never three in a row, so never benched.
+            let now = 1_000 + i as u64;
+            if ms.is_nan() {
+                rw.observe(&failed(index, 500, now));
+            } else {
+                rw.observe(&observation(index, true, ms, now, ""));
+            }
+        }
+    }
+    Ok(rw)
+}
+
+fn hedge_of(rw: &mut RouteWise) -> Result<Option<HedgeRequest>, String> {
+    let decision = rw.select(&request(7, 2_000, 1_000), &candidates(&[0, 1]))?;
+    assert_eq!(
+        decision.order[0], 0,
+        "α = 0: the cheap route is the primary"
+    );
+    Ok(decision.hedge)
+}
+
+/// The reference's rule conditions on the primary not having answered yet: a backup that alone
+/// meets the SLO only 90 % of the time is still worth sending while the primary, silent so far,
+/// would probably answer in time by itself.
+#[test]
+fn hedge_conditions_on_the_primary_not_having_answered_yet() -> Result<(), String> {
+    // Primary: half at 0.5 s, 49 % at 2 s, 1 % at 10 s. Backup: 90 % at 0.4 s, 10 % failures.
+    let mut primary = vec![500.0; 50];
+    primary.extend([2_000.0; 49]);
+    primary.push(10_000.0);
+    let backup: Vec<f64> = (0..100)
+        .map(|i| if i % 10 == 9 { f64::NAN } else { 400.0 })
+        .collect();
+    let mut rw = hedge_router(&primary, &backup)?;
+    // Until 2 s a silent primary still answers in time with 0.49 / 0.5 = 98 %, and the backup
+    // covers 90 % of the remaining 2 %: 99.8 %. From 2.025 s on it is the backup alone (90 %).
+    // The latest checkpoint that meets 99 % is 65 % of the SLO. Requiring the backup alone to
+    // reach 99 % (the rule before) planned no hedge here.
+    assert_eq!(
+        hedge_of(&mut rw)?,
+        Some(HedgeRequest {
+            after_ms: 1_950,
+            backup: 1
+        })
+    );
+    assert_eq!(status(&rw)["counters"]["hedges_planned"], 1);
+    Ok(())
+}
+
+/// The backup has the time left to the SLO minus the 5 ms dispatch overhead.
+#[test]
+fn hedge_subtracts_the_dispatch_overhead() -> Result<(), String> {
+    // Primary always 1 s: by any checkpoint past it, the backup alone decides. Backup 523 ms:
+    // at 2 475 ms 525 ms are left but only 520 after the overhead; at 2 400 ms, 595.
+    let mut rw = hedge_router(&[1_000.0; 30], &[523.0; 30])?;
+    assert_eq!(
+        hedge_of(&mut rw)?,
+        Some(HedgeRequest {
+            after_ms: 2_400,
+            backup: 1
+        })
+    );
+    let mut rw = hedge_router(&[1_000.0; 30], &[518.0; 30])?;
+    assert_eq!(
+        hedge_of(&mut rw)?,
+        Some(HedgeRequest {
+            after_ms: 2_475,
+            backup: 1
+        })
+    );
+    Ok(())
+}
+
+/// Five samples of each side are enough (the reference's 5); four of either are not.
+#[test]
+fn hedge_needs_five_samples_of_the_primary_and_the_backup() -> Result<(), String> {
+    let planned = Some(HedgeRequest {
+        after_ms: 2_475,
+        backup: 1,
+    });
+    assert_eq!(
+        hedge_of(&mut hedge_router(&[1_000.0; 5], &[500.0; 5])?)?,
+        planned
+    );
+    assert_eq!(
+        hedge_of(&mut hedge_router(&[1_000.0; 4], &[500.0; 30])?)?,
+        None
+    );
+    assert_eq!(
+        hedge_of(&mut hedge_router(&[1_000.0; 30], &[500.0; 4])?)?,
+        None
+    );
+    Ok(())
+}
+
+/// Costs 1, 2, 3 (× 10⁻³ USD); ep0 and, when `profile_ep1`, ep1 have samples.
+fn exploration_router(alpha: f64, profile_ep1: bool) -> Result<RouteWise, String> {
+    let mut rw = router(
+        &format!(r#"{{"budget_alpha": {alpha}}}"#),
+        &[
+            route(0, Some((1.0, 0.0)), "{}"),
+            route(1, Some((2.0, 0.0)), "{}"),
+            route(2, Some((3.0, 0.0)), "{}"),
+        ],
+    )?;
+    rw.observe(&observation(0, true, 2_000.0, 0, ""));
+    if profile_ep1 {
+        rw.observe(&observation(1, true, 1_000.0, 0, ""));
+    }
+    Ok(rw)
+}
+
+/// At α = 0 the budget is the cheapest route's cost, so a dearer untested route is never explored
+/// (the reference's rule); the probes are what measure it.
+#[test]
+fn alpha_zero_does_not_explore_a_dearer_route() -> Result<(), String> {
+    let mut rw = exploration_router(0.0, false)?;
+    for seed in 0..200 {
+        let (order, tag) = select(&mut rw, seed, 10, &[0, 1, 2]);
+        assert!(!tag.explore, "seed {seed}");
+        assert_eq!(order[0], 0, "seed {seed}");
+    }
+    let s = status(&rw);
+    assert_eq!(s["counters"]["explorations"], 0);
+    assert_eq!(s["last_decision"]["exploration_probability"], Value::Null);
+    // An untested route as cheap as the cheapest fits the budget and is explored.
+    let mut rw = router(
+        r#"{"budget_alpha": 0.0}"#,
+        &[
+            route(0, Some((1.0, 0.0)), "{}"),
+            route(1, Some((1.0, 0.0)), "{}"),
+        ],
+    )?;
+    rw.observe(&observation(0, true, 2_000.0, 0, ""));
+    let (order, tag) = select(&mut rw, 1, 10, &[0, 1]);
+    assert!(tag.explore);
+    assert_eq!(order[0], 1);
+    Ok(())
+}
+
+/// Between the bounds the target is explored with the probability that keeps the expected cost at
+/// the budget, and the other draws go to the cheapest route.
+#[test]
+fn exploration_probability_keeps_the_expected_cost_within_budget() -> Result<(), String> {
+    // α = 0.5: B = 2; the untested ep2 costs 3: q = (2 − 1) / (3 − 1) = 0.5.
+    let mut explored = 0;
+    for seed in 0..1_000 {
+        let mut rw = exploration_router(0.5, true)?;
+        let (order, tag) = select(&mut rw, seed, 10, &[0, 1, 2]);
+        if tag.explore {
+            explored += 1;
+            assert_eq!(order[0], 2);
+        } else {
+            assert_eq!(
+                order[0], 0,
+                "seed {seed}: declined draws go to the cheapest"
+            );
+        }
+        let q = status(&rw)["last_decision"]["exploration_probability"]
+            .as_f64()
+            .unwrap_or(f64::NAN);
+        assert!((q - 0.5).abs() < 1e-9, "{q}");
+    }
+    assert!((400..=600).contains(&explored), "{explored}");
+    assert_eq!(crate::exploration_probability(3.0, 1.0, 2.0), 0.5);
+    assert_eq!(crate::exploration_probability(2.0, 1.0, 2.0), 1.0);
+    assert_eq!(crate::exploration_probability(3.0, 1.0, 1.0), 0.0);
+    // α = 1: every untested route fits the budget and is explored with probability 1.
+    let mut rw = exploration_router(1.0, true)?;
+    let (order, tag) = select(&mut rw, 3, 10, &[0, 1, 2]);
+    assert!(tag.explore);
+    assert_eq!(order[0], 2);
+    Ok(())
+}
+
+/// Only server-side failures (transport, 408, 429, 5xx) are the endpoint's fault: they cost the
+/// 60 s penalty, and three in a row bench it for 30 s; a 4xx about the request teaches nothing.
+#[test]
+fn request_failures_teach_nothing_and_three_server_failures_bench_for_thirty_seconds()
+-> Result<(), String> {
+    let mut rw = router(
+        r#"{"budget_alpha": 0.0}"#,
+        &[
+            route(0, Some((1.0, 0.0)), "{}"),
+            route(1, Some((5.0, 0.0)), "{}"),
+        ],
+    )?;
+    rw.observe(&observation(0, true, 500.0, 0, ""));
+    rw.observe(&observation(1, true, 500.0, 0, ""));
+    for (i, status_code) in [400, 401, 403, 404, 413, 422].into_iter().enumerate() {
+        rw.observe(&failed(0, status_code, 10 + i as u64));
+    }
+    let s = status(&rw);
+    assert_eq!(s["latency"]["m:ep0"]["samples"], 1);
+    assert_eq!(s["latency"]["m:ep0"]["failure_streak"], 0);
+    assert_eq!(s["counters"]["request_failures"], 6);
+    assert_eq!(select(&mut rw, 1, 20, &[0, 1]).0[0], 0);
+
+    // A 429, a timeout (0) and a 503: each a 60 s sample; the third benches ep0 for 30 s.
+    for (i, status_code) in [429, 0, 503].into_iter().enumerate() {
+        assert_eq!(select(&mut rw, 2, 100, &[0, 1]).0[0], 0, "not benched yet");
+        rw.observe(&failed(0, status_code, 100 + i as u64));
+    }
+    let s = status(&rw);
+    assert_eq!(s["latency"]["m:ep0"]["samples"], 4);
+    assert_eq!(s["latency"]["m:ep0"]["failure_streak"], 3);
+    assert_eq!(s["latency"]["m:ep0"]["cooldown_until_ms"], 102 + 30_000);
+    assert_eq!(s["counters"]["cooldowns"], 1);
+    let (order, _) = select(&mut rw, 3, 200, &[0, 1]);
+    assert_eq!(order, vec![1, 0], "benched: last resort only");
+    let excluded = &status(&rw)["last_decision"]["candidates"][1];
+    assert_eq!(excluded["excluded"], "cooldown");
+    assert_eq!(select(&mut rw, 4, 102 + 29_999, &[0, 1]).0[0], 1);
+    // 30 s later it is back (at α = 0 the cheapest is the plan).
+    assert_eq!(select(&mut rw, 5, 102 + 30_000, &[0, 1]).0[0], 0);
+    // The streak is still 3: one more failure benches it again at once; a success ends it.
+    rw.observe(&failed(0, 502, 40_000));
+    assert_eq!(select(&mut rw, 6, 40_001, &[0, 1]).0[0], 1);
+    rw.observe(&observation(0, true, 500.0, 40_002, ""));
+    assert_eq!(select(&mut rw, 7, 40_003, &[0, 1]).0[0], 0);
+    let s = status(&rw);
+    assert_eq!(s["latency"]["m:ep0"]["failure_streak"], 0);
+    assert_eq!(s["latency"]["m:ep0"]["cooldown_until_ms"], Value::Null);
+    assert_eq!(s["counters"]["cooldowns"], 2);
+    // A failure after a success status (a broken stream) is the endpoint's too.
+    assert!(crate::server_side_failure(200));
+    assert!(crate::server_side_failure(408));
+    assert!(!crate::server_side_failure(409));
+    Ok(())
+}
+
+/// When every feasible route is being explored they stay in the plan (the reference refuses):
+/// a cold concurrency-only model keeps counting its slots.
+#[test]
+fn routes_being_explored_stay_when_nothing_else_is_feasible() -> Result<(), String> {
+    let mut rw = router(r#"{"budget_alpha": 1.0}"#, &[route(0, None, CONCURRENCY_2)])?;
+    let (order, tag) = select(&mut rw, 1, 10, &[0]);
+    assert!(tag.explore && tag.slot);
+    assert_eq!(order, vec![0]);
+    let (order, tag) = select(&mut rw, 2, 11, &[0]);
+    assert!(!tag.explore && tag.slot, "in the plan, with a slot");
+    assert_eq!(order, vec![0]);
+    assert_eq!(status(&rw)["last_decision"]["lp_status"], "single_provider");
+    // Both slots held: full.
+    select(&mut rw, 3, 12, &[0]);
+    let last = &status(&rw)["last_decision"];
+    assert_eq!(
+        last["candidates"][0]["excluded"], "concurrency_full",
+        "{last}"
+    );
+    Ok(())
+}
+
+const CONCURRENCY_2: &str = r#"{"provider_type": "concurrency", "concurrency": {"limit": 2}}"#;
