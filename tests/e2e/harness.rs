@@ -107,6 +107,8 @@ fn configure(cmd: &mut Command) {
         "MINIMAX_API_BASE",
         "SWITCHYARD_REPLICAS",
         "WEB_CONCURRENCY",
+        "UVICORN_WORKERS",
+        "GUNICORN_WORKERS",
     ] {
         cmd.env_remove(var);
     }

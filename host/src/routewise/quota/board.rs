@@ -206,6 +206,10 @@ impl QuotaBoard {
                 let pool = state.plan.pools.get(&r.pool);
                 let live = state.pools.get(&r.pool);
                 let snapshot = live.and_then(|l| l.snapshot);
+                let local_why = match pool.map(|p| &p.resolution) {
+                    Some(Resolution::Local { why, .. }) => Some(why.to_string()),
+                    _ => None,
+                };
                 let (source, selector, key_from) = match pool.map(|p| &p.resolution) {
                     Some(Resolution::Fetch { selector, target }) => (
                         Some(target.provider.name()),
@@ -228,6 +232,7 @@ impl QuotaBoard {
                     "source": source,
                     "selector": selector,
                     "key_from": key_from,
+                    "local_because": local_why,
                     "state": state_name,
                     "reason": problem.map(|d| d.reason.to_string()),
                     "reason_kind": problem.map(|d| d.reason.kind()),

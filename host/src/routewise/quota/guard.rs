@@ -8,9 +8,10 @@
 //! - **One process.** Quota and concurrency accounting lives in the router instance, i.e. in one
 //!   process. With `stateful_providers_single_worker_only` (router_params, default true), a model
 //!   with quota or concurrency routes refuses to start as one of several processes
-//!   ([`SingleWorkerGuardError`]). The process count comes from `SWITCHYARD_REPLICAS` or
-//!   `WEB_CONCURRENCY` (the larger, when both are set to a positive integer); the gateway cannot see
-//!   replicas that nobody declares. A fleet (`fleet:`) shares the accounting, so `serve` does not
+//!   ([`SingleWorkerGuardError`]). The process count comes from [`PROCESS_COUNT_VARS`]:
+//!   `SWITCHYARD_REPLICAS`, and the worker counts a deployment written for a Python gateway sets
+//!   (`WEB_CONCURRENCY`, `UVICORN_WORKERS`, `GUNICORN_WORKERS`) — the largest positive integer
+//!   among them; the gateway cannot see replicas that nobody declares. A fleet (`fleet:`) shares the accounting, so `serve` does not
 //!   run the guard then ([`crate::fleet`]).
 //!
 //! Both apply to models routed by `routewise`, the strategy that reads these route kinds.
@@ -23,7 +24,12 @@ use crate::routing::table::ModelTable;
 pub const ROUTEWISE: &str = "routewise";
 
 /// The environment variables that declare how many gateway processes serve the same models.
-pub const PROCESS_COUNT_VARS: [&str; 2] = ["SWITCHYARD_REPLICAS", "WEB_CONCURRENCY"];
+pub const PROCESS_COUNT_VARS: [&str; 4] = [
+    "SWITCHYARD_REPLICAS",
+    "WEB_CONCURRENCY",
+    "UVICORN_WORKERS",
+    "GUNICORN_WORKERS",
+];
 
 /// A RouteWise model whose routes are all quota routes, with an uncalibrated envelope.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -40,7 +40,7 @@ pub use board::{QuotaBoard, SharedQuotaCounts};
 pub use counter::{Clock, LocalCounter, SystemClock};
 pub use fetch::{FetchError, Provider, UsageRecord};
 pub use guard::{EnvelopeNotCalibratedError, SingleWorkerGuardError, cold_start, replica_guard};
-pub use plan::{Diagnostic, FetchTarget, QuotaPlan, Resolution, Selector, Unresolved};
+pub use plan::{Diagnostic, FetchTarget, LocalWhy, QuotaPlan, Resolution, Selector, Unresolved};
 pub use refresh::{push_snapshots, spawn_refresh};
 
 /// `metadata.quota_snapshot` as RouteWise reads it.

@@ -50,9 +50,33 @@ pub enum Resolution {
         target: FetchTarget,
     },
     /// The gateway-side request counter, against this daily limit.
-    Local { limit: u64 },
+    Local { limit: u64, why: LocalWhy },
     /// Nowhere: the pool's routes get no snapshot.
     Unresolved(Unresolved),
+}
+
+/// Why a pool is counted by the gateway.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LocalWhy {
+    /// `local_quota_fallback: true` on a route of the pool.
+    Declared,
+    /// The route's `quota_source` names one provider's usage, but its upstream is another
+    /// provider's (its `base_url` host): the named provider's record would not count these
+    /// requests, so the gateway counts them.
+    OtherProvider { named: Provider, upstream: Provider },
+}
+
+impl std::fmt::Display for LocalWhy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LocalWhy::Declared => f.write_str("local_quota_fallback: true"),
+            LocalWhy::OtherProvider { named, upstream } => write!(
+                f,
+                "quota_source names {named}, but the upstream is a {upstream} host, so {named}'s \
+                 usage would not count its requests"
+            ),
+        }
+    }
 }
 
 /// Why a quota route gets no snapshot.
@@ -176,11 +200,19 @@ pub struct QuotaPlan {
 /// What a route declares as its pool's source.
 enum Declared {
     Nothing,
-    Local,
+    Local(LocalWhy),
     Selector(Selector),
     Malformed(String),
 }
 
+/// The registered provider whose host the route's `base_url` is on, if any.
+fn upstream_provider(route: &ModelUpstream) -> Option<Provider> {
+    let host = host_of(route)?;
+    Provider::ALL.into_iter().find(|p| p.serves_host(&host))
+}
+
+/// The local counter has two triggers (as in the seed): `local_quota_fallback: true`, or a route
+/// whose provider (the one its `quota_source` names) is not its upstream's provider.
 fn declared(route: &ModelUpstream) -> Declared {
     if route
         .metadata
@@ -188,12 +220,17 @@ fn declared(route: &ModelUpstream) -> Declared {
         .and_then(serde_json::Value::as_bool)
         == Some(true)
     {
-        return Declared::Local;
+        return Declared::Local(LocalWhy::Declared);
     }
     match route.metadata.get("quota_source") {
         None | Some(serde_json::Value::Null) => Declared::Nothing,
         Some(v) => match Selector::deserialize(v) {
-            Ok(s) => Declared::Selector(s),
+            Ok(s) => match (Provider::from_name(&s.provider), upstream_provider(route)) {
+                (Some(named), Some(upstream)) if named != upstream => {
+                    Declared::Local(LocalWhy::OtherProvider { named, upstream })
+                }
+                _ => Declared::Selector(s),
+            },
             Err(e) => Declared::Malformed(e.to_string()),
         },
     }
@@ -269,8 +306,8 @@ fn resolve(
     match declared {
         Declared::Nothing => unresolved(Unresolved::NoSource),
         Declared::Malformed(e) => unresolved(Unresolved::Malformed(e)),
-        Declared::Local => match limit {
-            Some(limit) => Resolution::Local { limit },
+        Declared::Local(why) => match limit {
+            Some(limit) => Resolution::Local { limit, why },
             None => unresolved(Unresolved::LocalNeedsLimit),
         },
         Declared::Selector(selector) => {

@@ -74,7 +74,7 @@ impl QuotaBoard {
                     }),
                     None => continue,
                 },
-                Resolution::Local { limit } => Ok(QuotaSnapshot {
+                Resolution::Local { limit, .. } => Ok(QuotaSnapshot {
                     used: self.local_used(&pool.name, now),
                     limit: *limit,
                     at_ms: now,

@@ -406,6 +406,26 @@ fn replica_guard_counts_declared_processes() {
         declared_processes(&env_of(&[("WEB_CONCURRENCY", "many")])),
         None
     );
+    // The worker counts a Python-style deployment sets count too (the seed's guard reads them).
+    for var in ["UVICORN_WORKERS", "GUNICORN_WORKERS"] {
+        let env = move |name: &str| (name == var).then(|| "2".to_owned());
+        assert_eq!(declared_processes(&env), Some((var, 2)));
+        let error = replica_guard(&models, &env).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .starts_with(&format!("SingleWorkerGuardError: {var}=2")),
+            "{error}"
+        );
+    }
+    assert_eq!(
+        declared_processes(&env_of(&[
+            ("GUNICORN_WORKERS", "3"),
+            ("UVICORN_WORKERS", "5"),
+            ("SWITCHYARD_REPLICAS", "1")
+        ])),
+        Some(("UVICORN_WORKERS", 5))
+    );
     assert!(replica_guard(&models, &env_of(&[("WEB_CONCURRENCY", "1")])).is_ok());
     let error = replica_guard(&models, &env_of(&[("SWITCHYARD_REPLICAS", "3")])).unwrap_err();
     assert_eq!(error.models.len(), 1, "on-demand models are not refused");
@@ -424,4 +444,61 @@ fn replica_guard_counts_declared_processes() {
         })
         .collect::<Vec<_>>();
     assert!(replica_guard(&opted_out, &env_of(&[("SWITCHYARD_REPLICAS", "3")])).is_ok());
+}
+
+/// The local counter's second trigger: a `quota_source` naming one registered provider on a route
+/// whose upstream is another registered provider's host. Loopback or unknown hosts keep the
+/// fetcher (nothing says the requests go elsewhere).
+#[test]
+fn a_quota_source_of_another_provider_than_the_upstream_counts_locally() {
+    let yaml = format!(
+        "models:\n{}",
+        model(
+            "m",
+            &[
+                // chutes usage, but the upstream is MiniMax's API: counted by the gateway.
+                quota_route("https://api.minimax.io/v1", CHUTES),
+                // chutes usage on chutes' own host: the fetcher.
+                quota_route("https://llm.chutes.ai/v1", CHUTES),
+                // chutes usage through a proxy on loopback: the fetcher.
+                quota_route("http://127.0.0.1:9003/v1", CHUTES),
+            ]
+        )
+    );
+    let plan = QuotaPlan::build(&models(&yaml), &env_of(&[("CHUTES_API_KEY", "env-key")]));
+    match &plan.pool_of("m:minimax-api").unwrap().resolution {
+        Resolution::Local { limit, why } => {
+            assert_eq!(*limit, 100);
+            assert_eq!(
+                *why,
+                super::LocalWhy::OtherProvider {
+                    named: Provider::Chutes,
+                    upstream: Provider::Minimax
+                }
+            );
+            assert!(why.to_string().contains("minimax host"), "{why}");
+        }
+        other => panic!("{other:?}"),
+    }
+    for endpoint in ["m:chutes-llm", "m:local-9003"] {
+        assert!(
+            matches!(
+                plan.pool_of(endpoint).unwrap().resolution,
+                Resolution::Fetch { .. }
+            ),
+            "{endpoint}: {:?}",
+            plan.pool_of(endpoint)
+        );
+    }
+    assert!(plan.diagnostics().is_empty(), "{:?}", plan.diagnostics());
+    // The counter needs a limit, whichever trigger chose it.
+    let no_limit = yaml.replace("quota: {limit: 100}, ", "");
+    let plan = QuotaPlan::build(
+        &models(&no_limit),
+        &env_of(&[("CHUTES_API_KEY", "env-key")]),
+    );
+    assert_eq!(
+        plan.pool_of("m:minimax-api").map(|p| p.resolution.clone()),
+        Some(Resolution::Unresolved(Unresolved::LocalNeedsLimit))
+    );
 }
