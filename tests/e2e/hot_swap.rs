@@ -294,7 +294,11 @@ fn strategies_list_is_one_line_per_entry_with_imports() {
     };
     let fixture = line("test-v0-1-fixture");
     assert!(fixture.contains("\tloaded\t"), "{fixture}");
-    assert!(fixture.contains("imports: wasi:"), "{fixture}");
+    assert!(
+        fixture.contains("\timports: switchyard:router/types@0.1.0, ")
+            && fixture.contains("wasi:io/streams@0.2.6"),
+        "{fixture}"
+    );
     let http = line("http");
     assert!(http.contains("\tmissing\t"), "{http}");
     assert!(

@@ -27,8 +27,8 @@ const WASI_PACKAGES: &[&str] = &[
     "wasi:sockets",
 ];
 
-/// The host interface of the WIT package, provided at every supported version.
-const HOST_INTERFACE: &str = "switchyard:router/host";
+/// The WIT package, whose interfaces (`host`, `types`) are provided at every supported version.
+const ROUTER_PACKAGE: &str = "switchyard:router";
 
 /// The component's top-level imports, and the first async-ABI construct it uses, if any.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -145,7 +145,8 @@ pub fn check(shape: &ComponentShape) -> Result<(), String> {
 fn unsupported(import: &str) -> Option<String> {
     let (path, version) = import.split_once('@').unwrap_or((import, ""));
     let package = path.split_once('/').map_or(path, |(p, _)| p);
-    if path == HOST_INTERFACE {
+    // `host` and the type-only interfaces (`types`) the strategy world pulls in.
+    if package == ROUTER_PACKAGE {
         return (!SUPPORTED_API_VERSIONS.contains(&version)).then(|| {
             format!(
                 "imports {import}: built against switchyard:router@{version}, this host runs {}",
@@ -169,7 +170,7 @@ fn unsupported(import: &str) -> Option<String> {
     }
     Some(format!(
         "imports {import}, which this host does not provide: a strategy may import \
-         {HOST_INTERFACE} and WASI 0.2 ({}) only",
+         {ROUTER_PACKAGE} and WASI 0.2 ({}) only",
         WASI_PACKAGES
             .iter()
             .map(|p| p.trim_start_matches("wasi:"))
@@ -195,6 +196,7 @@ mod tests {
             check(&shape(&[
                 "wasi:io/streams@0.2.6",
                 "wasi:cli/environment@0.2.10",
+                "switchyard:router/types@0.2.0",
                 "switchyard:router/host@0.2.0",
                 "switchyard:router/host@0.1.0",
             ])),
