@@ -234,6 +234,8 @@ pub async fn health_deep(
         "strategies_loading": gateway.strategies_loading(),
         "strategy_files_failed": failed_files,
         "pending_models": pending,
+        // What the last pass over `strategies.dir` did (start-up, the watcher or the endpoint).
+        "strategies_last_reload": gateway.last_reload(),
         "routers": routers,
         "database": database,
     });
