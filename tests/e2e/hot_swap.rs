@@ -406,3 +406,53 @@ fn a_model_deadline_above_the_host_maximum_is_refused() {
         "{stderr}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_in_flight_finishes_on_the_router_it_started_with() {
+    // Answers take 8 s: long enough for the swap to happen while one is in flight on a machine
+    // that is not overloaded (nothing here asserts that it did; only what must hold either way).
+    let slow = Mock::start(&["--ttft-ms", "8000"]);
+    let strategies = tempfile::tempdir().unwrap();
+    let fixture = std::fs::read(component("strategies-testing", "v0_1_fixture")).unwrap();
+    deploy(strategies.path(), "mine.wasm", &fixture);
+    let gw = std::sync::Arc::new(Gateway::start(&format!(
+        "server:\n  admin_token: {ADMIN}\nstrategies:\n  dir: {}\nmodels:\n  - id: m\n    router: test-v0-1-fixture\n    route:\n      - kind: openai_compat\n        base_url: {}\n",
+        strategies.path().display(),
+        slow.base_url()
+    )));
+    let in_flight = {
+        let gw = gw.clone();
+        tokio::spawn(async move { gw.chat(chat_body("m", false)).await })
+    };
+    // Once the upstream has it, its `select` ran on the first router.
+    until("the first request reaches its upstream", async || {
+        (slow.chat_requests().await == 1).then_some(())
+    })
+    .await;
+    let old_hash = deep(&gw).await["strategies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "test-v0-1-fixture")
+        .unwrap()["sha256"]
+        .clone();
+    deploy(strategies.path(), "mine.wasm", &with_padding(&fixture));
+    until("the replaced file serves with a new router", async || {
+        let d = deep(&gw).await;
+        let hash = d["strategies"]
+            .as_array()?
+            .iter()
+            .find(|s| s["name"] == "test-v0-1-fixture")?["sha256"]
+            .clone();
+        (hash != old_hash && router_of(&d, "m")?["selects"] == 0).then_some(())
+    })
+    .await;
+    let (status, body) = in_flight.await.unwrap();
+    assert_eq!(status, 200, "the request in flight finishes: {body}");
+    let d = deep(&gw).await;
+    assert_eq!(
+        router_of(&d, "m").unwrap()["selects"],
+        0,
+        "the request in flight never touched the new router: {d}"
+    );
+}
