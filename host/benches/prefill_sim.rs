@@ -212,7 +212,9 @@ async fn run(mode: &Mode, arrivals: &[Arrival]) -> Summary {
         mode.prefill_aware
     );
     let config = Config::from_yaml(Path::new("prefill_sim.yaml"), &yaml, &|_| None).unwrap();
-    let routing = Routing::build(&config).await.unwrap();
+    let routing = Routing::build(&config, switchyard::gateway::DirLoad::Now)
+        .await
+        .unwrap();
     let ctx = RoutingContext::new(&config);
     let model = routing.table.resolve("m").unwrap().clone();
     let base = Instant::now();

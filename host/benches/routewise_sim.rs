@@ -570,9 +570,11 @@ async fn build_policies(quota_limit: u64, groups: &[&[PolicySpec]]) -> Vec<Vec<P
         }
     }
     let config = Config::from_yaml(Path::new("routewise_sim.yaml"), &yaml, &|_| None).unwrap();
-    let routing = Routing::build(&config).await.unwrap_or_else(|e| {
-        panic!("{e}\n(build the strategies first: cargo xtask build-strategies)")
-    });
+    let routing = Routing::build(&config, switchyard::gateway::DirLoad::Now)
+        .await
+        .unwrap_or_else(|e| {
+            panic!("{e}\n(build the strategies first: cargo xtask build-strategies)")
+        });
     groups
         .iter()
         .enumerate()

@@ -17,10 +17,12 @@ use crate::routing::policy::Overrides;
 
 use crate::config::Config;
 use crate::inbound_routes::RouteSet;
-use crate::routing::table::{ModelTable, ModelTableError};
+use crate::routing::table::{Absent, ModelEntry, ModelTable, ModelTableError, PendingModel};
 use crate::store::api_log::ApiLog;
 use crate::store::{Snapshot, Store};
-use crate::strategy::{StrategyCatalog, StrategyEngine, StrategyError, StrategyLimits};
+use crate::strategy::{
+    FileOutcome, LoadedStrategy, StrategyCatalog, StrategyEngine, StrategyError, StrategyLimits,
+};
 use crate::upstream::UpstreamClient;
 
 /// Why the gateway cannot be assembled.
@@ -48,21 +50,36 @@ pub struct Routing {
     pub builtin_dir: PathBuf,
 }
 
+/// When the files of `strategies.dir` are loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DirLoad {
+    /// Before the table is built; a model naming an absent strategy is an error (`check`).
+    Now,
+    /// After the gateway listens ([`Gateway::spawn_strategy_loader`]); until then, and for
+    /// strategies not deployed yet, their models wait as pending (`serve`).
+    Later,
+}
+
 impl Routing {
-    pub async fn build(config: &Config) -> Result<Routing, BuildError> {
-        let engine = StrategyEngine::new(StrategyLimits {
+    pub async fn build(config: &Config, dir: DirLoad) -> Result<Routing, BuildError> {
+        let mut engine = StrategyEngine::new(StrategyLimits {
             call_timeout: config.strategies.call_timeout,
             memory_limit_bytes: config.strategies.memory_limit_bytes,
         })?;
+        engine.set_max_call_timeout(config.strategies.max_call_timeout);
         let builtin_dir = builtin_strategies_dir(config);
-        let extra_dir = config
-            .strategies
-            .dir
-            .as_deref()
-            .map(|d| config.resolve_path(d));
-        let catalog =
-            StrategyCatalog::discover(&engine, Some(&builtin_dir), extra_dir.as_deref()).await;
-        let table = ModelTable::build(config, &engine, &catalog).await?;
+        let extra_dir = strategies_dir(config);
+        let (catalog, absent) = match dir {
+            DirLoad::Now => (
+                StrategyCatalog::discover(&engine, Some(&builtin_dir), extra_dir.as_deref()).await,
+                Absent::IsAnError,
+            ),
+            DirLoad::Later => (
+                StrategyCatalog::builtins(&engine, Some(&builtin_dir)).await,
+                Absent::Waits,
+            ),
+        };
+        let table = ModelTable::build(config, &engine, &catalog, absent).await?;
         Ok(Routing {
             engine,
             catalog,
@@ -71,6 +88,28 @@ impl Routing {
         })
     }
 }
+
+/// `strategies.dir`, resolved against the config file's folder.
+pub fn strategies_dir(config: &Config) -> Option<PathBuf> {
+    config
+        .strategies
+        .dir
+        .as_deref()
+        .map(|d| config.resolve_path(d))
+}
+
+/// What a reload of the strategies did: each file of `strategies.dir`, and the models still
+/// waiting for their strategy afterwards.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct ReloadReport {
+    pub files: Vec<FileOutcome>,
+    pub pending_models: Vec<PendingModel>,
+}
+
+/// How long the watcher waits for a folder to settle after a change before reloading: a copy of a
+/// 12 MB component fires many events. A reload that still catches a half-written file fails it,
+/// and the write's last event brings another reload.
+const WATCH_DEBOUNCE: Duration = Duration::from_millis(300);
 
 /// Where the built-in strategies are: `strategies.builtin_dir`, else `$SWITCHYARD_BUILTIN_STRATEGIES`,
 /// else the build output beside the binary (`target/strategies` for `target/debug/switchyard`).
@@ -97,7 +136,17 @@ pub fn builtin_strategies_dir(config: &Config) -> PathBuf {
 pub struct Gateway {
     pub config: Config,
     pub routing_engine: StrategyEngine,
-    pub catalog: StrategyCatalog,
+    /// The strategies served now; a reload swaps in a new catalog whole.
+    catalog: RwLock<Arc<StrategyCatalog>>,
+    /// True while strategies load (the first pass over `strategies.dir`, or a reload): requests
+    /// for a pending model wait for it to turn false, up to `strategies.load_wait_ms`.
+    strategies_loading: tokio::sync::watch::Sender<bool>,
+    /// One reload at a time (the watcher and `POST /admin/strategies/reload` both start them).
+    reload_serial: tokio::sync::Mutex<()>,
+    /// The last reload's report, for `/health/deep`.
+    last_reload: Mutex<Option<ReloadReport>>,
+    /// Pending models already warned about, so each is logged once per reason.
+    pending_warned: Mutex<Vec<String>>,
     pub routing: RoutingContext,
     /// The gateway's one extension: RouteWise's host support (`crate::routewise`).
     pub extension: Arc<dyn extension::Extension>,
@@ -167,7 +216,12 @@ impl Gateway {
             unhealthy_origins: Mutex::new(HashSet::new()),
             rebuild: tokio::sync::Mutex::new(()),
             routing_engine: routing.engine,
-            catalog: routing.catalog,
+            catalog: RwLock::new(Arc::new(routing.catalog)),
+            // `spawn_strategy_loader` raises it until its first pass over `strategies.dir` is done.
+            strategies_loading: tokio::sync::watch::Sender::new(false),
+            reload_serial: tokio::sync::Mutex::new(()),
+            last_reload: Mutex::new(None),
+            pending_warned: Mutex::new(Vec::new()),
             table: RwLock::new(Arc::new(table)),
             upstreams,
             store,
@@ -191,6 +245,245 @@ impl Gateway {
         self.table.read().clone()
     }
 
+    /// The strategies served now; hold the `Arc`, not the lock.
+    pub fn catalog(&self) -> Arc<StrategyCatalog> {
+        self.catalog.read().clone()
+    }
+
+    /// Whether strategies are being loaded now.
+    pub fn strategies_loading(&self) -> bool {
+        *self.strategies_loading.borrow()
+    }
+
+    /// The last reload's report (the first pass over `strategies.dir` included).
+    pub fn last_reload(&self) -> Option<ReloadReport> {
+        self.last_reload.lock().clone()
+    }
+
+    /// The served model `name` (id or alias). A model waiting for its strategy waits while
+    /// strategies load, up to `strategies.load_wait_ms`, and is `Err` when it still waits then.
+    /// `Ok(None)`: no such model.
+    pub async fn model(&self, name: &str) -> Result<Option<Arc<ModelEntry>>, Arc<PendingModel>> {
+        let deadline = tokio::time::Instant::now() + self.config.strategies.load_wait;
+        let mut loading = self.strategies_loading.subscribe();
+        loop {
+            let table = self.table();
+            if let Some(model) = table.resolve(name) {
+                return Ok(Some(model.clone()));
+            }
+            let Some(pending) = table.pending(name) else {
+                return Ok(None);
+            };
+            if !*loading.borrow_and_update() {
+                return Err(pending.clone());
+            }
+            // The loader swaps the table before it clears the flag: the next look finds the model.
+            match tokio::time::timeout_at(deadline, loading.wait_for(|l| !*l)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(_)) | Err(_) => {
+                    return Err(self.table().pending(name).unwrap_or(pending).clone());
+                }
+            }
+        }
+    }
+
+    /// Loads `strategies.dir` again and serves the result: unchanged files keep their strategy
+    /// (and their models their routers), new and changed ones load off the request path and must
+    /// pass the router contract, then every model whose strategy changed gets a new router in a
+    /// new table, swapped in whole. Requests in flight finish on the routers they started with.
+    /// A file that fails leaves what it served before serving.
+    pub async fn reload_strategies(&self) -> ReloadReport {
+        self.load_strategies(true).await
+    }
+
+    async fn load_strategies(&self, verify: bool) -> ReloadReport {
+        let _one = self.reload_serial.lock().await;
+        let Some(dir) = strategies_dir(&self.config) else {
+            // Without a folder there is nothing to load; models naming unknown strategies wait.
+            self.strategies_loading.send_replace(false);
+            let report = ReloadReport {
+                files: Vec::new(),
+                pending_models: self
+                    .table()
+                    .pending_models()
+                    .map(|p| (**p).clone())
+                    .collect(),
+            };
+            *self.last_reload.lock() = Some(report.clone());
+            return report;
+        };
+        self.strategies_loading.send_replace(true);
+        let current = self.catalog();
+        // The contract checks behaviour, not speed: its calls get the host's maximum deadline
+        // (CPU time, so a busy machine does not fail a good strategy), at least 200 ms for a
+        // guest's first calls. It runs with the params of a model that names the strategy.
+        let contract_engine = self.routing_engine.with_call_timeout(
+            self.routing_engine
+                .max_call_timeout()
+                .max(Duration::from_millis(200)),
+        );
+        let table = self.table();
+        let params_for = |name: &str| -> serde_json::Value {
+            table
+                .models()
+                .find(|m| m.config.router == name)
+                .map(|m| m.config.router_params.clone())
+                .or_else(|| {
+                    self.config
+                        .models
+                        .iter()
+                        .find(|m| m.router == name)
+                        .map(|m| m.router_params.clone())
+                })
+                .unwrap_or_else(|| serde_json::json!({}))
+        };
+        let check = |strategy: Arc<LoadedStrategy>| {
+            let engine = contract_engine.clone();
+            let params = params_for(&strategy.name);
+            let run: futures::future::BoxFuture<'static, Result<(), String>> =
+                Box::pin(async move {
+                    let report =
+                        crate::strategy::contract::run_loaded_strategy(&engine, &strategy, &params)
+                            .await;
+                    if report.passed() {
+                        Ok(())
+                    } else {
+                        Err(report
+                            .checks
+                            .iter()
+                            .filter(|c| !c.passed)
+                            .map(|c| format!("{} ({})", c.name, c.detail))
+                            .collect::<Vec<_>>()
+                            .join("; "))
+                    }
+                });
+            run
+        };
+        let (next, files) = current
+            .reload(
+                &self.routing_engine,
+                &dir,
+                verify.then_some(&check as crate::strategy::catalog::Verify<'_>),
+            )
+            .await;
+        drop(table);
+        *self.catalog.write() = Arc::new(next);
+        {
+            let _serial = self.rebuild.lock().await;
+            self.rebuild_models(&self.snapshot()).await;
+        }
+        // After the table: a request woken by this finds its model in it.
+        self.strategies_loading.send_replace(false);
+        let report = ReloadReport {
+            files,
+            pending_models: self
+                .table()
+                .pending_models()
+                .map(|p| (**p).clone())
+                .collect(),
+        };
+        self.warn_pending();
+        *self.last_reload.lock() = Some(report.clone());
+        report
+    }
+
+    /// Logs each pending model once per reason, when strategies are not loading (while they are,
+    /// every model of a strategy still compiling is pending, and that is no news).
+    fn warn_pending(&self) {
+        if self.strategies_loading() {
+            return;
+        }
+        let now: Vec<String> = self
+            .table()
+            .pending_models()
+            .map(|p| {
+                format!(
+                    "{}; requests for model `{}` answer 503 strategy_loading until it loads",
+                    p.reason, p.model
+                )
+            })
+            .collect();
+        let mut warned = self.pending_warned.lock();
+        for line in &now {
+            if !warned.contains(line) {
+                tracing::warn!("{line}");
+            }
+        }
+        *warned = now;
+    }
+
+    /// Loads `strategies.dir` off the listening path (files compile in parallel, on blocking
+    /// threads), then keeps watching it: a `.wasm` added, changed or removed is reloaded after
+    /// the folder settles. Without `strategies.dir` there is nothing to load or watch.
+    pub fn spawn_strategy_loader(self: &Arc<Self>) {
+        // Raised before the task starts: no request can see "not loading" before the first pass.
+        self.strategies_loading.send_replace(true);
+        let weak = Arc::downgrade(self);
+        let dir = strategies_dir(&self.config);
+        tokio::spawn(async move {
+            let Some(gateway) = weak.upgrade() else {
+                return;
+            };
+            let started = std::time::Instant::now();
+            let report = gateway.load_strategies(false).await;
+            let loaded = report.files.iter().filter(|f| f.state == "loaded").count();
+            tracing::info!(
+                files = report.files.len(),
+                loaded,
+                seconds = started.elapsed().as_secs_f64(),
+                "strategies.dir loaded"
+            );
+            drop(gateway);
+            let Some(dir) = dir else {
+                return;
+            };
+            // A channel of one: a change arriving while one is queued is the same reload.
+            let (changed, mut changes) = tokio::sync::mpsc::channel::<()>(1);
+            let watcher =
+                notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+                    let relevant = event.is_ok_and(|e| {
+                        e.paths
+                            .iter()
+                            .any(|p| p.extension().is_some_and(|x| x == "wasm"))
+                    });
+                    if relevant {
+                        let _ = changed.try_send(());
+                    }
+                })
+                .and_then(|mut w| {
+                    use notify::Watcher;
+                    w.watch(&dir, notify::RecursiveMode::NonRecursive)
+                        .map(|()| w)
+                });
+            let _watcher = match watcher {
+                Ok(w) => w,
+                Err(e) => {
+                    tracing::warn!(
+                        "cannot watch strategies.dir {}: {e}; POST /admin/strategies/reload picks up changes",
+                        dir.display()
+                    );
+                    return;
+                }
+            };
+            while changes.recv().await.is_some() {
+                // Let the folder settle: events of one copy or rename arrive in a burst.
+                loop {
+                    tokio::time::sleep(WATCH_DEBOUNCE).await;
+                    if changes.try_recv().is_err() {
+                        break;
+                    }
+                }
+                let Some(gateway) = weak.upgrade() else {
+                    return;
+                };
+                let report = gateway.reload_strategies().await;
+                for f in report.files.iter().filter(|f| f.state != "unchanged") {
+                    tracing::info!(path = %f.path.display(), strategy = %f.strategy, state = f.state, "strategies.dir changed");
+                }
+            }
+        });
+    }
+
     /// The inbound routes in force.
     pub fn inbound_routes(&self) -> Arc<RouteSet> {
         self.inbound_routes.read().clone()
@@ -206,15 +499,28 @@ impl Gateway {
     /// logged; the rest are served.
     pub async fn apply_snapshot(&self, snapshot: Arc<Snapshot>) {
         let _serial = self.rebuild.lock().await;
-        let mut models = crate::routing::db_models::merged_models(&self.config, &snapshot);
+        self.rebuild_models(&snapshot).await;
+        *self.inbound_routes.write() = Arc::new(RouteSet::build(&self.config, &snapshot));
+        // Before the snapshot is served: no budget is enforced before its spend is known.
+        if let Some(store) = &self.store {
+            self.budgets.seed(&snapshot, store).await;
+        }
+        *self.snapshot.write() = snapshot;
+    }
+
+    /// Builds and serves the table of `snapshot`'s models with the catalog served now. The caller
+    /// holds the rebuild lock.
+    async fn rebuild_models(&self, snapshot: &Snapshot) {
+        let catalog = self.catalog();
+        let mut models = crate::routing::db_models::merged_models(&self.config, snapshot);
         // Extensions may change the models first (RouteWise layers its run-time settings).
         self.extension
             .on_snapshot(
                 &mut models,
-                &snapshot,
+                snapshot,
                 &self.table(),
                 &self.routing_engine,
-                &self.catalog,
+                &catalog,
             )
             .await;
         let overrides = self.overrides.lock().clone();
@@ -225,7 +531,7 @@ impl Gateway {
             .rebuild(
                 models,
                 &self.routing_engine,
-                &self.catalog,
+                &catalog,
                 |m| crate::routing::policy::apply(m, &overrides, &unhealthy, local_fraction),
                 |routes| crate::strategy::upstream_table(&self.extension.upstream_metadata(routes)),
             )
@@ -254,12 +560,7 @@ impl Gateway {
         self.extension
             .on_table(&self.table(), self.store.as_ref())
             .await;
-        *self.inbound_routes.write() = Arc::new(RouteSet::build(&self.config, &snapshot));
-        // Before the snapshot is served: no budget is enforced before its spend is known.
-        if let Some(store) = &self.store {
-            self.budgets.seed(&snapshot, store).await;
-        }
-        *self.snapshot.write() = snapshot;
+        self.warn_pending();
     }
 
     /// Rebuilds whenever the store's snapshot changes (LISTEN/NOTIFY or the version poll).

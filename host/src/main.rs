@@ -11,7 +11,7 @@ use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 
 use switchyard::config::{Config, LogFormat};
-use switchyard::gateway::{Gateway, Routing, builtin_strategies_dir};
+use switchyard::gateway::{DirLoad, Gateway, Routing, builtin_strategies_dir};
 use switchyard::mock::{self, MockOptions};
 use switchyard::routewise::quota;
 use switchyard::store::Store;
@@ -251,7 +251,8 @@ async fn serve(
     if config.fleet.is_none() {
         quota::replica_guard(&config.models, &|var| std::env::var(var).ok())?;
     }
-    let routing = Routing::build(&config).await?;
+    // Built-ins now; `strategies.dir` after the gateway listens (spawn_strategy_loader).
+    let routing = Routing::build(&config, DirLoad::Later).await?;
     let store = Store::open(&config.database_url)
         .await
         .with_context(|| format!("{}: database.url", config.source.display()))?;
@@ -266,6 +267,7 @@ async fn serve(
     // Also runs the RouteWise DB bootstrap, which may calibrate cost envelopes: check after it.
     gateway.apply_snapshot(store.snapshot()).await;
     quota::cold_start(&gateway.table()).await?;
+    gateway.spawn_strategy_loader();
     gateway.spawn_snapshot_sync();
     gateway.spawn_ticker();
     gateway.spawn_health_checks();
@@ -422,7 +424,7 @@ async fn shutdown_signal() {
 
 async fn check(config_path: &Path) -> anyhow::Result<()> {
     let config = load_config(config_path)?;
-    let routing = Routing::build(&config).await?;
+    let routing = Routing::build(&config, DirLoad::Now).await?;
     quota::cold_start(&routing.table).await?;
     println!("{}: OK", config.source.display());
     for model in routing.table.models() {
@@ -490,17 +492,46 @@ async fn strategies(command: StrategiesCommand) -> anyhow::Result<()> {
     match command {
         StrategiesCommand::List { config } => {
             let (_, catalog) = catalog_for(&config.config).await?;
+            // One line per entry, tab-separated: name, version, state, path, description or
+            // reason, imports. Reasons and descriptions are joined to one line.
+            let imports = |list: &[String]| {
+                if list.is_empty() {
+                    "imports: -".to_owned()
+                } else {
+                    format!("imports: {}", list.join(", "))
+                }
+            };
             for (name, entry) in catalog.entries() {
                 match entry {
                     CatalogEntry::Loaded(s) => println!(
-                        "{name}\t{}\tloaded\t{}\t{}",
+                        "{name}\t{}\tloaded\t{}\t{}\t{}",
                         s.version,
                         s.path.display(),
-                        s.description
+                        catalog::one_line(&s.description),
+                        imports(&s.imports)
                     ),
-                    CatalogEntry::Missing(m) => {
-                        println!("{name}\t-\tmissing\t{}\t{}", m.path.display(), m.reason)
-                    }
+                    CatalogEntry::Missing(m) => println!(
+                        "{name}\t-\tmissing\t{}\t{}\t{}",
+                        m.path.display(),
+                        m.reason,
+                        imports(&m.imports)
+                    ),
+                }
+            }
+            // Files whose strategy name another entry serves (or their own older content does,
+            // after a change): listed too, so no broken file goes unseen.
+            for (failed, _) in catalog.failed_files() {
+                let shown = catalog.get(&failed.name).is_some_and(
+                    |e| matches!(e, CatalogEntry::Missing(m) if m.path == failed.path),
+                );
+                if !shown {
+                    println!(
+                        "{}\t-\tfailed\t{}\t{}\t{}",
+                        failed.name,
+                        failed.path.display(),
+                        failed.reason,
+                        imports(&failed.imports)
+                    );
                 }
             }
             Ok(())

@@ -19,6 +19,7 @@ mod edge;
 mod fleet;
 mod health;
 mod hedging;
+mod hot_swap;
 mod isolation;
 mod key_pools;
 mod observe;

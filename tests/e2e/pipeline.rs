@@ -17,7 +17,12 @@ async fn routing(yaml: &str) -> (Routing, RoutingContext) {
     );
     let config = Config::from_yaml(Path::new("pipeline.yaml"), &text, &|_| None).unwrap();
     let ctx = RoutingContext::new(&config);
-    (Routing::build(&config).await.unwrap(), ctx)
+    (
+        Routing::build(&config, switchyard::gateway::DirLoad::Now)
+            .await
+            .unwrap(),
+        ctx,
+    )
 }
 
 fn open(health: &HealthRegistry, endpoint: &str) {

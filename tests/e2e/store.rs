@@ -44,7 +44,9 @@ impl Node {
             crate::harness::target_dir().join("strategies").display()
         );
         let config = Config::from_yaml(Path::new("store-e2e.yaml"), &yaml, &|_| None).unwrap();
-        let routing = Routing::build(&config).await.unwrap();
+        let routing = Routing::build(&config, switchyard::gateway::DirLoad::Now)
+            .await
+            .unwrap();
         let gateway = Arc::new(Gateway::new(config, routing, Some(store.clone())).unwrap());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

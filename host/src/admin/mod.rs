@@ -53,6 +53,16 @@ pub(crate) fn store(gateway: &Gateway) -> Result<&Store, ApiError> {
     gateway.store.as_ref().ok_or(ApiError::NoStore)
 }
 
+/// `POST /admin/strategies/reload`: loads `strategies.dir` again, as the folder watcher does, and
+/// answers when the result serves: each file (`loaded`, `unchanged`, `failed` with its reason and
+/// what still serves, `removed`) and the models still waiting for their strategy.
+async fn reload_strategies(
+    _: AdminCaller,
+    State(gateway): State<Arc<Gateway>>,
+) -> Json<crate::gateway::ReloadReport> {
+    Json(gateway.reload_strategies().await)
+}
+
 /// Every admin route: the management API, runtime routing changes and the operator views.
 pub fn router() -> Router<Arc<Gateway>> {
     management_router()
@@ -66,6 +76,7 @@ pub fn router() -> Router<Arc<Gateway>> {
             "/admin/routing/providers/{target}/{action}",
             post(weights::set_provider),
         )
+        .route("/admin/strategies/reload", post(reload_strategies))
         .merge(dashboard::router())
 }
 

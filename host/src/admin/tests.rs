@@ -41,7 +41,9 @@ async fn serve_router(
     };
     let yaml = format!("strategies:\n  builtin_dir: /nonexistent\n{server}");
     let config = Config::from_yaml(Path::new("admin-test.yaml"), &yaml, &|_| None).unwrap();
-    let routing = Routing::build(&config).await.unwrap();
+    let routing = Routing::build(&config, crate::gateway::DirLoad::Now)
+        .await
+        .unwrap();
     let gateway = Arc::new(Gateway::new(config, routing, Some(db.store.clone())).unwrap());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

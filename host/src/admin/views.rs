@@ -155,19 +155,33 @@ pub async fn health_deep(
     if !gateway.config.routing.public_health_deep {
         authorize(&gateway, &headers).await?;
     }
-    let strategies: Vec<_> = gateway
-        .catalog
+    let catalog = gateway.catalog();
+    let strategies: Vec<_> = catalog
         .entries()
         .map(|(name, entry)| match entry {
             CatalogEntry::Loaded(s) => serde_json::json!({
                 "name": name, "state": "loaded", "version": s.version, "path": s.path,
-                "api_version": s.api_version,
+                "api_version": s.api_version, "sha256": s.sha256, "imports": s.imports,
             }),
             CatalogEntry::Missing(m) => serde_json::json!({
                 "name": name, "state": "missing", "path": m.path, "reason": m.reason,
+                "sha256": m.sha256, "imports": m.imports,
             }),
         })
         .collect();
+    // Files of `strategies.dir` whose current content failed to load or the contract: an older
+    // content of the file may still serve (`still_serving`).
+    let failed_files: Vec<_> = catalog
+        .failed_files()
+        .map(|(failed, serving)| {
+            serde_json::json!({
+                "path": failed.path, "strategy": failed.name, "sha256": failed.sha256,
+                "reason": failed.reason, "still_serving": serving.map(|s| s.label()),
+            })
+        })
+        .collect();
+    let table = gateway.table();
+    let pending: Vec<_> = table.pending_models().collect();
     let routers: Vec<_> = gateway
         .table()
         .models()
@@ -176,6 +190,7 @@ pub async fn health_deep(
             serde_json::json!({
                 "model": m.id(),
                 "strategy": m.router.strategy.label(),
+                "deadline_ms": m.router.deadline().as_secs_f64() * 1000.0,
                 "selects": s.selects.load(Ordering::Relaxed),
                 "failures": s.failures.load(Ordering::Relaxed),
                 "resets": s.resets.load(Ordering::Relaxed),
@@ -190,6 +205,7 @@ pub async fn health_deep(
         .map(|s| DatabaseHealth::gather(s, gateway.api_log.as_ref()));
     // A replica serving on its own state because Redis is gone is degraded too.
     let degraded = endpoints.iter().any(|e| !e.healthy)
+        || !failed_files.is_empty()
         || database.as_ref().is_some_and(|d| d.failing())
         || gateway.fleet.as_ref().is_some_and(|f| !f.is_connected());
     let prefill: serde_json::Map<String, serde_json::Value> = gateway
@@ -215,6 +231,11 @@ pub async fn health_deep(
         },
         "endpoints": endpoints,
         "strategies": strategies,
+        "strategies_loading": gateway.strategies_loading(),
+        "strategy_files_failed": failed_files,
+        "pending_models": pending,
+        // What the last pass over `strategies.dir` did (start-up, the watcher or the endpoint).
+        "strategies_last_reload": gateway.last_reload(),
         "routers": routers,
         "database": database,
     });

@@ -204,10 +204,15 @@ pub struct RawStrategies {
     pub builtin_dir: Option<PathBuf>,
     /// Deadline of one strategy call.
     pub call_timeout_ms: Option<u64>,
+    /// The longest deadline a strategy may declare or a model may set (`router_deadline_ms`).
+    pub max_call_timeout_ms: Option<u64>,
     /// Linear-memory cap of one strategy instance.
     pub memory_limit_mib: Option<u64>,
     /// Interval of the `tick` call; 0 disables it.
     pub tick_interval_ms: Option<u64>,
+    /// How long a request for a model whose strategy is still loading waits for it before it
+    /// answers 503 `strategy_loading`.
+    pub load_wait_ms: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -365,6 +370,9 @@ pub struct RawModel {
     pub router: Option<String>,
     #[serde(default)]
     pub router_params: Option<serde_json::Value>,
+    /// Deadline of this model's `select` (and other calls), over the strategy's own and
+    /// `strategies.call_timeout_ms`; at most `strategies.max_call_timeout_ms`.
+    pub router_deadline_ms: Option<u64>,
     /// Unpublished models keep their router but are not served or listed.
     #[serde(default = "yes")]
     pub published: bool,

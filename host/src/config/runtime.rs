@@ -114,8 +114,12 @@ pub struct StrategiesConfig {
     pub dir: Option<PathBuf>,
     pub builtin_dir: Option<PathBuf>,
     pub call_timeout: Duration,
+    /// The longest deadline a strategy may declare or a model may set.
+    pub max_call_timeout: Duration,
     pub memory_limit_bytes: usize,
     pub tick_interval: Option<Duration>,
+    /// How long a request waits for its model's strategy while strategies load.
+    pub load_wait: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -189,6 +193,8 @@ pub struct ModelConfig {
     pub aliases: Vec<String>,
     pub router: String,
     pub router_params: serde_json::Value,
+    /// `router_deadline_ms`: the deadline of this model's strategy calls, when set.
+    pub router_deadline: Option<Duration>,
     pub published: bool,
     pub upstreams: Vec<ModelUpstream>,
 }

@@ -403,3 +403,32 @@ fn fleet_is_optional_and_its_mistakes_name_the_key() {
         "the password is masked: {err}"
     );
 }
+
+#[test]
+fn a_relative_sqlite_file_is_relative_to_the_config_file() {
+    use super::validate::resolve_sqlite_url;
+    let config = std::path::Path::new("/etc/switchyard/config.yaml");
+    assert_eq!(
+        resolve_sqlite_url("sqlite://sy.db", config),
+        "sqlite:///etc/switchyard/sy.db"
+    );
+    assert_eq!(
+        resolve_sqlite_url("sqlite:data/sy.db?mode=rwc", config),
+        "sqlite:///etc/switchyard/data/sy.db?mode=rwc"
+    );
+    for kept in [
+        "sqlite:///var/lib/switchyard/sy.db",
+        "sqlite::memory:",
+        "postgres://u@db/switchyard",
+    ] {
+        assert_eq!(resolve_sqlite_url(kept, config), kept);
+    }
+    // A config given by a relative path keeps the database beside it, relative to the same folder.
+    assert_eq!(
+        resolve_sqlite_url(
+            "sqlite://switchyard.db",
+            std::path::Path::new("config/switchyard.yaml")
+        ),
+        "sqlite://config/switchyard.db"
+    );
+}

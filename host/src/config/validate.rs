@@ -79,6 +79,13 @@ pub(super) fn validate(
         ));
     }
 
+    // Never below the default deadline: raising `call_timeout_ms` raises the cap with it.
+    let max_call_timeout_ms = raw
+        .strategies
+        .max_call_timeout_ms
+        .unwrap_or(50)
+        .max(raw.strategies.call_timeout_ms.unwrap_or(5))
+        .max(1);
     let mut names: HashSet<String> = HashSet::new();
     let mut models = Vec::with_capacity(raw.models.len());
     for (mi, m) in raw.models.into_iter().enumerate() {
@@ -257,7 +264,20 @@ pub(super) fn validate(
             }
         }
 
+        let router_deadline = match m.router_deadline_ms {
+            None => None,
+            Some(ms) if ms == 0 || ms > max_call_timeout_ms => {
+                return Err(invalid(
+                    at("router_deadline_ms"),
+                    format!(
+                        "must be between 1 and strategies.max_call_timeout_ms ({max_call_timeout_ms})"
+                    ),
+                ));
+            }
+            Some(ms) => Some(Duration::from_millis(ms)),
+        };
         models.push(ModelConfig {
+            router_deadline,
             router: m
                 .router
                 .map(|r| r.trim().to_owned())
@@ -508,16 +528,19 @@ pub(super) fn validate(
         logging,
         telemetry,
         fleet,
-        database_url: raw.database.url,
+        database_url: resolve_sqlite_url(&raw.database.url, path),
         strategies: StrategiesConfig {
             dir: s.dir,
             builtin_dir: s.builtin_dir,
             call_timeout: Duration::from_millis(s.call_timeout_ms.unwrap_or(5).max(1)),
+            max_call_timeout: Duration::from_millis(max_call_timeout_ms),
             memory_limit_bytes: (s.memory_limit_mib.unwrap_or(64).max(1) as usize) << 20,
             tick_interval: match s.tick_interval_ms.unwrap_or(1000) {
                 0 => None,
                 ms => Some(Duration::from_millis(ms)),
             },
+            // Long enough for an interpreted guest's cold compile (12-23 s measured).
+            load_wait: Duration::from_millis(s.load_wait_ms.unwrap_or(30_000)),
         },
         routing: RoutingConfig {
             default_router,
@@ -554,6 +577,31 @@ fn control_char(value: &str) -> Option<char> {
 }
 
 /// `listen` must be `IP:PORT` or `HOST:PORT` (a host name is resolved when binding).
+/// A relative SQLite file (`sqlite://sy.db`, `sqlite:sy.db`) is relative to the config file's
+/// folder, like `strategies.dir`, not to whatever folder the process was started from. Absolute
+/// paths, `:memory:` and other databases are left as written; a `?query` is kept.
+pub(super) fn resolve_sqlite_url(url: &str, config_file: &Path) -> String {
+    let Some(rest) = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))
+    else {
+        return url.to_owned();
+    };
+    let (file, query) = match rest.split_once('?') {
+        Some((file, query)) => (file, Some(query)),
+        None => (rest, None),
+    };
+    if file.is_empty() || file.starts_with(':') || Path::new(file).is_absolute() {
+        return url.to_owned();
+    }
+    let folder = config_file.parent().unwrap_or_else(|| Path::new("."));
+    let resolved = folder.join(file);
+    match query {
+        Some(query) => format!("sqlite://{}?{query}", resolved.display()),
+        None => format!("sqlite://{}", resolved.display()),
+    }
+}
+
 fn check_listen(listen: &str) -> Result<(), String> {
     if listen.parse::<std::net::SocketAddr>().is_ok() {
         return Ok(());

@@ -139,7 +139,7 @@ fn invalid(field: &str, message: String) -> ApiError {
 }
 
 fn routewise_strategy(g: &Gateway) -> Result<Arc<LoadedStrategy>, ApiError> {
-    rw::strategy(&g.catalog).ok_or_else(|| {
+    rw::strategy(&g.catalog()).ok_or_else(|| {
         ApiError::Store(StoreError::NotFound {
             entity: "loaded strategy",
             id: STRATEGY.to_owned(),

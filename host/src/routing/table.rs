@@ -9,8 +9,8 @@ use std::sync::Arc;
 use crate::config::{Config, ModelConfig, ModelUpstream};
 use crate::routing::policy::{self, Overrides};
 use crate::strategy::{
-    CatalogEntry, ModelRouter, StrategyCatalog, StrategyEngine, StrategyError, UpstreamInfo,
-    upstream_table,
+    CatalogEntry, LoadedStrategy, ModelRouter, StrategyCatalog, StrategyEngine, StrategyError,
+    UpstreamInfo, upstream_table,
 };
 
 /// A model as served: its config and the strategy router that orders its routes.
@@ -35,6 +35,17 @@ impl ModelEntry {
     }
 }
 
+/// A model whose strategy is not in the catalog (not present yet, still compiling, or its file
+/// failed to load): it is not served, and its requests answer 503 `strategy_loading` until a
+/// reload of the strategies brings the strategy, when the next table serves it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PendingModel {
+    pub model: String,
+    pub strategy: String,
+    /// Why the strategy cannot be used now.
+    pub reason: String,
+}
+
 /// All served models, by canonical id, with aliases resolved to the canonical entry.
 #[derive(Debug, Default)]
 pub struct ModelTable {
@@ -42,6 +53,18 @@ pub struct ModelTable {
     aliases: HashMap<String, String>,
     /// Canonical ids in config order, for listings.
     order: Vec<String>,
+    /// Models waiting for their strategy, by id and by alias.
+    pending: HashMap<String, Arc<PendingModel>>,
+    pending_order: Vec<Arc<PendingModel>>,
+}
+
+/// Whether a model naming a strategy the catalog does not have (or cannot load) stops the build
+/// (`check`) or waits as pending (`serve`, where strategies load after the gateway listens and
+/// may be deployed after the model).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Absent {
+    IsAnError,
+    Waits,
 }
 
 /// Why a config's models cannot be served with the strategies at hand. One entry per problem, each
@@ -59,6 +82,7 @@ impl ModelTable {
         config: &Config,
         engine: &StrategyEngine,
         catalog: &StrategyCatalog,
+        absent: Absent,
     ) -> Result<ModelTable, ModelTableError> {
         let file = config.source.display();
         let mut problems = Vec::new();
@@ -81,12 +105,25 @@ impl ModelTable {
                 &HashSet::new(),
                 config.routing.local_fraction,
             );
+            let strategy = match strategy_for(&model, &at, catalog) {
+                Ok(strategy) => strategy,
+                Err(reason) if absent == Absent::Waits => {
+                    // Not warned about here: `strategies.dir` has not loaded yet. The gateway
+                    // warns about the models still pending once it has.
+                    table.insert_pending(&model, reason);
+                    continue;
+                }
+                Err(reason) => {
+                    problems.push(reason);
+                    continue;
+                }
+            };
             match new_router(
                 &model,
+                strategy,
                 upstream_table(&model.upstreams),
                 &at,
                 engine,
-                catalog,
             )
             .await
             {
@@ -104,7 +141,9 @@ impl ModelTable {
     /// A table serving `models`, with `apply_policy` run on each. A model whose strategy and
     /// params are unchanged keeps its router (and its learned state); the router gets the new
     /// route list when that changed. `for_router` gives the routes as a router sees them (the
-    /// host's live annotations, such as quota snapshots, added). Models that cannot be built are
+    /// host's live annotations, such as quota snapshots, added). A model whose strategy is absent
+    /// from `catalog` is pending; a router is reused only while the catalog still has the very
+    /// strategy it runs (a replaced file gets new routers). Other models that cannot be built are
     /// left out and described in the returned problems.
     pub async fn rebuild(
         &self,
@@ -118,15 +157,27 @@ impl ModelTable {
         let mut table = ModelTable::default();
         for mut model in models {
             apply_policy(&mut model);
-            if table.resolve(&model.id).is_some() {
+            if table.resolve(&model.id).is_some() || table.pending(&model.id).is_some() {
                 problems.push(format!(
                     "model `{}` is declared twice; the first one is served",
                     model.id
                 ));
                 continue;
             }
+            let id = model.id.clone();
+            let at = |key: &str| format!("model `{id}`.{key}");
+            let strategy = match strategy_for(&model, &at, catalog) {
+                Ok(strategy) => strategy,
+                Err(reason) => {
+                    table.insert_pending(&model, reason);
+                    continue;
+                }
+            };
             let reusable = self.models.get(&model.id).filter(|old| {
-                old.config.router == model.router && old.config.router_params == model.router_params
+                old.config.router == model.router
+                    && old.config.router_params == model.router_params
+                    && old.config.router_deadline == model.router_deadline
+                    && Arc::ptr_eq(&old.router.strategy, &strategy)
             });
             let router = match reusable {
                 Some(old) => {
@@ -142,10 +193,8 @@ impl ModelTable {
                     old.router.clone()
                 }
                 None => {
-                    let id = model.id.clone();
-                    let at = |key: &str| format!("model `{id}`.{key}");
                     let routes = for_router(&model.upstreams);
-                    match new_router(&model, routes, &at, engine, catalog).await {
+                    match new_router(&model, strategy, routes, &at, engine).await {
                         Ok(router) => Arc::new(router),
                         Err(mut p) => {
                             problems.append(&mut p);
@@ -162,6 +211,28 @@ impl ModelTable {
     /// The configs of every model, in order (what a rebuild starts from).
     pub fn model_configs(&self) -> Vec<ModelConfig> {
         self.models().map(|m| m.config.clone()).collect()
+    }
+
+    fn insert_pending(&mut self, model: &ModelConfig, reason: String) {
+        let pending = Arc::new(PendingModel {
+            model: model.id.clone(),
+            strategy: model.router.clone(),
+            reason,
+        });
+        for name in std::iter::once(&model.id).chain(&model.aliases) {
+            self.pending.insert(name.clone(), pending.clone());
+        }
+        self.pending_order.push(pending);
+    }
+
+    /// The model `name` (id or alias) waits for its strategy, and why.
+    pub fn pending(&self, name: &str) -> Option<&Arc<PendingModel>> {
+        self.pending.get(name)
+    }
+
+    /// Every model waiting for its strategy, in config order.
+    pub fn pending_models(&self) -> impl Iterator<Item = &Arc<PendingModel>> {
+        self.pending_order.iter()
     }
 
     fn insert(&mut self, config: ModelConfig, router: Arc<ModelRouter>) {
@@ -201,6 +272,8 @@ impl ModelTable {
             policy::apply(&mut config, overrides, unhealthy_origins, local_fraction);
             table.insert(config, entry.router.clone());
         }
+        table.pending = self.pending.clone();
+        table.pending_order = self.pending_order.clone();
         // Policy changes weights, never keys: the declarations are the ones this table had.
         table.set_key_generation(self.models().next().map_or(0, |m| m.key_generation));
         table
@@ -229,34 +302,39 @@ impl ModelTable {
     }
 }
 
-/// Validates a model's strategy and params and instantiates its router; `at(key)` says where a
-/// problem with the model's `key` is.
+/// The loaded strategy `model` names; the error says why it cannot be used (unknown, or its file
+/// failed to load), where `at(key)` is where the model's `key` is.
+fn strategy_for(
+    model: &ModelConfig,
+    at: &(dyn Fn(&str) -> String + Sync),
+    catalog: &StrategyCatalog,
+) -> Result<Arc<LoadedStrategy>, String> {
+    match catalog.get(&model.router) {
+        Some(CatalogEntry::Loaded(s)) => Ok(s.clone()),
+        Some(CatalogEntry::Missing(m)) => Err(format!(
+            "{}: strategy `{}` is unavailable: {}",
+            at("router"),
+            model.router,
+            m.reason
+        )),
+        None => Err(format!(
+            "{}: unknown strategy `{}`; known strategies: {}",
+            at("router"),
+            model.router,
+            catalog.names().join(", ")
+        )),
+    }
+}
+
+/// Validates a model's params against `strategy` and instantiates its router; `at(key)` says
+/// where a problem with the model's `key` is.
 async fn new_router(
     model: &ModelConfig,
+    strategy: Arc<LoadedStrategy>,
     routes: Vec<UpstreamInfo>,
     at: &(dyn Fn(&str) -> String + Sync),
     engine: &StrategyEngine,
-    catalog: &StrategyCatalog,
 ) -> Result<ModelRouter, Vec<String>> {
-    let strategy = match catalog.get(&model.router) {
-        Some(CatalogEntry::Loaded(s)) => s.clone(),
-        Some(CatalogEntry::Missing(m)) => {
-            return Err(vec![format!(
-                "{}: strategy `{}` is unavailable: {}",
-                at("router"),
-                model.router,
-                m.reason
-            )]);
-        }
-        None => {
-            return Err(vec![format!(
-                "{}: unknown strategy `{}`; known strategies: {}",
-                at("router"),
-                model.router,
-                catalog.names().join(", ")
-            )]);
-        }
-    };
     if let Err(errors) = strategy.validate_params(&model.router_params) {
         return Err(errors
             .into_iter()
@@ -269,8 +347,10 @@ async fn new_router(
             })
             .collect());
     }
+    // A model's calls get their own deadline (see `StrategyEngine::deadline_for`).
+    let engine = engine.with_call_timeout(engine.deadline_for(model.router_deadline, &strategy));
     match ModelRouter::new(
-        engine,
+        &engine,
         strategy.clone(),
         &model.id,
         &model.router_params,

@@ -16,6 +16,14 @@ pub enum GatewayError {
     /// The model id is neither a published model nor an alias of one.
     #[error("The model `{0}` does not exist or is not served here")]
     ModelNotFound(String),
+    /// The model's strategy is not loaded: still compiling after `strategies.load_wait_ms`, not
+    /// deployed to `strategies.dir` yet, or its file failed to load.
+    #[error("The model `{model}` waits for its strategy `{strategy}`: {reason}")]
+    StrategyLoading {
+        model: String,
+        strategy: String,
+        reason: String,
+    },
     /// No route could take the request (all excluded before any attempt).
     #[error(transparent)]
     NoRoute(#[from] SelectionError),
@@ -75,6 +83,7 @@ impl GatewayError {
             GatewayError::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             GatewayError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             GatewayError::ShuttingDown(_) => StatusCode::SERVICE_UNAVAILABLE,
+            GatewayError::StrategyLoading { .. } => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             GatewayError::BudgetExceeded(_) => StatusCode::PAYMENT_REQUIRED,
             GatewayError::RateLimitMisconfigured { .. } => StatusCode::INTERNAL_SERVER_ERROR,
@@ -109,6 +118,7 @@ impl GatewayError {
             GatewayError::NoRoute(_)
                 | GatewayError::AllAttemptsFailed(_)
                 | GatewayError::ShuttingDown(_)
+                | GatewayError::StrategyLoading { .. }
                 | GatewayError::RateLimited(_)
         ) && !matches!(self.status().as_u16(), 400..=407 | 409..=428)
     }
@@ -133,7 +143,9 @@ impl GatewayError {
             | GatewayError::BodyTooLarge(_)
             | GatewayError::BodyTimeout(_)
             | GatewayError::ModelNotInGroups { .. } => "invalid_request_error",
-            GatewayError::ShuttingDown(_) => "service_unavailable",
+            GatewayError::ShuttingDown(_) | GatewayError::StrategyLoading { .. } => {
+                "service_unavailable"
+            }
             // OpenAI's own rate-limit 429s: `requests` or `tokens`, code `rate_limit_exceeded`.
             GatewayError::RateLimited(r) if r.limit.ends_with(":tpm") => "tokens",
             GatewayError::RateLimited(_) => "requests",
@@ -161,6 +173,7 @@ impl GatewayError {
             GatewayError::BodyTooLarge(_) => "request_too_large",
             GatewayError::BodyTimeout(_) => "request_timeout",
             GatewayError::ShuttingDown(_) => "shutting_down",
+            GatewayError::StrategyLoading { .. } => "strategy_loading",
             GatewayError::RateLimited(_) => "rate_limit_exceeded",
             GatewayError::BudgetExceeded(_) => "budget_exceeded",
             GatewayError::RateLimitMisconfigured { .. } => "rate_limit_misconfigured",
@@ -187,6 +200,7 @@ impl GatewayError {
             GatewayError::BodyTooLarge(_) => "caller_body_too_large",
             GatewayError::BodyTimeout(_) => "caller_body_timeout",
             GatewayError::ShuttingDown(_) => "gateway_shutting_down",
+            GatewayError::StrategyLoading { .. } => "gateway_strategy_loading",
             GatewayError::RateLimited(_) => "caller_rate_limited",
             GatewayError::BudgetExceeded(_) => "caller_budget_exceeded",
             GatewayError::RateLimitMisconfigured { .. } => "gateway_rate_limit_misconfigured",

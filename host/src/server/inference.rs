@@ -271,7 +271,7 @@ pub async fn handle(
             Endpoint::Embeddings => {
                 serve_embeddings(&gateway, &admission, &extensions, &headers, &body, &trace).await
             }
-            Endpoint::CountTokens => count_tokens(&gateway, &admission, &body),
+            Endpoint::CountTokens => count_tokens(&gateway, &admission, &body).await,
             Endpoint::Models => {
                 Ok(super::list_models(&gateway, &admission.principal).into_response())
             }
@@ -476,16 +476,21 @@ fn json_object(body: &[u8]) -> Result<serde_json::Map<String, serde_json::Value>
 }
 
 /// A published model with routes, by id or alias, that has a route in one of the caller's groups.
-fn published_model(
+/// A model waiting for its strategy waits while strategies load (`strategies.load_wait_ms`).
+async fn published_model(
     gateway: &Gateway,
     name: &str,
     principal: &Principal,
 ) -> Result<Arc<ModelEntry>, GatewayError> {
     let model = gateway
-        .table()
-        .resolve(name)
+        .model(name)
+        .await
+        .map_err(|pending| GatewayError::StrategyLoading {
+            model: name.to_owned(),
+            strategy: pending.strategy.clone(),
+            reason: pending.reason.clone(),
+        })?
         .filter(|m| m.config.published && !m.upstreams().is_empty())
-        .cloned()
         .ok_or_else(|| GatewayError::ModelNotFound(name.to_owned()))?;
     if !model
         .upstreams()
@@ -548,7 +553,7 @@ async fn serve_chat(
         .parse_request_within(&body, gateway.config.server.request_limits)
         .map_err(|e| GatewayError::InvalidBody(e.to_string()))?;
     trace.model(&request.model);
-    let model = published_model(gateway, &request.model, &admission.principal)?;
+    let model = published_model(gateway, &request.model, &admission.principal).await?;
     let (caller, pin) = caller_and_pin(gateway, admission, extensions, headers);
     let modalities = request.modalities();
     let upstreams = model.upstreams().iter().map(|u| upstream_dialect(u.kind));
@@ -954,7 +959,7 @@ async fn serve_embeddings(
         .map_err(|e| GatewayError::InvalidBody(e.to_string()))?;
     trace.model(&model_name);
     let raw = json_object(body)?;
-    let model = published_model(gateway, &model_name, &admission.principal)?;
+    let model = published_model(gateway, &model_name, &admission.principal).await?;
     let (caller, pin) = caller_and_pin(gateway, admission, extensions, headers);
     let facts = RequestFacts {
         prompt_tokens: u32::try_from(chars / 4).unwrap_or(u32::MAX),
@@ -1059,7 +1064,7 @@ async fn serve_embeddings(
 
 /// `POST /v1/messages/count_tokens`, answered from the gateway's estimator (characters / 4, a flat
 /// 85 per image), with nothing sent upstream.
-fn count_tokens(
+async fn count_tokens(
     gateway: &Gateway,
     admission: &Admission,
     body: &[u8],
@@ -1069,7 +1074,7 @@ fn count_tokens(
         gateway.config.server.request_limits,
     )
     .map_err(|e| GatewayError::InvalidBody(e.to_string()))?;
-    published_model(gateway, &request.model, &admission.principal)?;
+    published_model(gateway, &request.model, &admission.principal).await?;
     Ok(
         axum::Json(serde_json::json!({ "input_tokens": request.prompt_token_estimate() }))
             .into_response(),

@@ -2,6 +2,10 @@
 //!
 //! A strategy that cannot be loaded is registered as *missing* with the reason: only the models that
 //! select it fail validation; the gateway itself always starts.
+//!
+//! Built-ins load first; the files of `strategies.dir` load through [`StrategyCatalog::reload`],
+//! at start and again whenever the folder changes: a catalog is a value, and a reload builds the
+//! next one from the last, compiling only files whose content changed.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -9,9 +13,17 @@ use std::sync::Arc;
 
 use wasmtime::component::Component;
 
+use sha2::{Digest, Sha256};
+
 use super::StrategyError;
 use super::engine::StrategyEngine;
+use super::imports;
 use super::wit::{API_VERSION_SECTION, ApiVersion, Pre, SUPPORTED_API_VERSIONS};
+
+/// Name of the custom section in which a strategy declares the deadline its calls need, in
+/// decimal milliseconds (`"20"`): an interpreted guest's `select` at many candidates needs more
+/// than the 5 ms default. The host caps it at `strategies.max_call_timeout_ms`.
+pub const DEADLINE_SECTION: &str = "switchyard-router-deadline-ms";
 
 /// The strategies that ship with Switchyard; each is expected in the built-in folder as `{name}.wasm`.
 pub const BUILTIN_STRATEGIES: &[&str] = &["fixed", "round_robin", "routewise"];
@@ -28,6 +40,13 @@ pub struct LoadedStrategy {
     pub api: ApiVersion,
     /// The `router_params` schema as the component exported it.
     pub params_schema: serde_json::Value,
+    /// The component's imports as it names them (`wasi:io/streams@0.2.6`), read before compiling.
+    pub imports: Vec<String>,
+    /// SHA-256 of the file's content: a reload keeps a strategy whose file still hashes the same.
+    pub sha256: String,
+    /// The `select` deadline the component declares (custom section
+    /// [`DEADLINE_SECTION`], decimal milliseconds), capped by the host when used.
+    pub declared_deadline: Option<std::time::Duration>,
     validator: jsonschema::Validator,
     pub(super) pre: Pre,
 }
@@ -80,9 +99,15 @@ impl LoadedStrategy {
 /// A strategy name that was expected or found but cannot be used, with the reason.
 #[derive(Debug, Clone)]
 pub struct MissingStrategy {
+    /// The name the file declares when it got as far as `info()`, else its file stem.
     pub name: String,
     pub path: PathBuf,
+    /// One line (wasmtime's multi-line reports are joined), so listings stay one line per entry.
     pub reason: String,
+    /// The component's imports, when its binary could be read.
+    pub imports: Vec<String>,
+    /// SHA-256 of the file's content, when it could be read.
+    pub sha256: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -91,104 +116,286 @@ pub enum CatalogEntry {
     Missing(MissingStrategy),
 }
 
+impl CatalogEntry {
+    pub fn path(&self) -> &Path {
+        match self {
+            CatalogEntry::Loaded(l) => &l.path,
+            CatalogEntry::Missing(m) => &m.path,
+        }
+    }
+}
+
+/// One file of `strategies.dir` as the catalog knows it.
+#[derive(Debug, Clone)]
+struct FileState {
+    /// The newest content of the file that loaded (and, for a hot reload, passed the contract
+    /// suite): what its strategy name serves.
+    serving: Option<Arc<LoadedStrategy>>,
+    /// The file's current content, when it failed: `serving` (older content) goes on serving.
+    failed: Option<MissingStrategy>,
+}
+
+impl FileState {
+    /// The hash of the content last seen in the file.
+    fn sha256(&self) -> Option<&str> {
+        match (&self.failed, &self.serving) {
+            (Some(f), _) => f.sha256.as_deref(),
+            (None, Some(s)) => Some(&s.sha256),
+            (None, None) => None,
+        }
+    }
+}
+
+/// What a reload did with one file of `strategies.dir`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct FileOutcome {
+    pub path: PathBuf,
+    /// `loaded` (new or changed content, now serving), `unchanged`, `failed` (its current content
+    /// cannot serve, changed or not) or `removed`.
+    pub state: &'static str,
+    /// The strategy name the file declares (or its stem when it could not say).
+    pub strategy: String,
+    pub sha256: Option<String>,
+    /// Why it failed, for `failed`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// What this file still serves after a failure (`name version`, its older content), if anything.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub still_serving: Option<String>,
+}
+
 /// Every strategy the gateway knows, by name.
+///
+/// A value: a reload builds a new catalog from the old one (reusing every file whose content did
+/// not change) and the gateway swaps it in whole.
 #[derive(Debug, Default, Clone)]
 pub struct StrategyCatalog {
     entries: BTreeMap<String, CatalogEntry>,
+    builtins: BTreeMap<String, CatalogEntry>,
+    files: BTreeMap<PathBuf, FileState>,
 }
+
+/// Largest strategy file read (the biggest interpreted guests are ~12 MB).
+pub const MAX_STRATEGY_FILE_BYTES: u64 = 256 << 20;
+
+/// What a reload checks a new or changed file with before it serves: the contract suite, given
+/// the strategy and the params to create it with.
+pub type Verify<'a> = &'a (
+        dyn Fn(Arc<LoadedStrategy>) -> futures::future::BoxFuture<'static, Result<(), String>>
+            + Sync
+    );
 
 impl StrategyCatalog {
     /// Loads the built-ins from `builtin_dir`, then every `*.wasm` in `extra_dir` (a strategy there
-    /// replaces a built-in of the same name, with a log line saying so).
+    /// replaces a built-in of the same name, with a log line saying so). Files load in parallel.
     pub async fn discover(
         engine: &StrategyEngine,
         builtin_dir: Option<&Path>,
         extra_dir: Option<&Path>,
     ) -> Self {
+        let builtins = Self::builtins(engine, builtin_dir).await;
+        match extra_dir {
+            Some(dir) => builtins.reload(engine, dir, None).await.0,
+            None => builtins,
+        }
+    }
+
+    /// The built-in strategies only, loaded in parallel.
+    pub async fn builtins(engine: &StrategyEngine, builtin_dir: Option<&Path>) -> Self {
         let mut catalog = StrategyCatalog::default();
+        let mut present = Vec::new();
         for name in BUILTIN_STRATEGIES {
             let path = builtin_dir
                 .map(|d| d.join(format!("{name}.wasm")))
                 .unwrap_or_else(|| PathBuf::from(format!("{name}.wasm")));
-            if !path.is_file() {
-                catalog.entries.insert(
-                    name.to_string(),
-                    CatalogEntry::Missing(MissingStrategy {
-                        name: name.to_string(),
-                        reason: format!(
-                            "built-in strategy file {} does not exist; build it with `cargo xtask build-strategies`",
-                            path.display()
-                        ),
-                        path,
-                    }),
-                );
+            if path.is_file() {
+                present.push(path);
                 continue;
             }
-            catalog.add_file(engine, &path).await;
+            catalog.builtins.insert(
+                name.to_string(),
+                CatalogEntry::Missing(MissingStrategy {
+                    name: name.to_string(),
+                    reason: format!(
+                        "built-in strategy file {} does not exist; build it with `cargo xtask build-strategies`",
+                        path.display()
+                    ),
+                    path,
+                    imports: Vec::new(),
+                    sha256: None,
+                }),
+            );
         }
-        if let Some(dir) = extra_dir.filter(|d| {
-            // An absent folder simply holds no extra strategies.
-            let exists = d.exists();
-            if !exists {
-                tracing::debug!("strategies.dir {} does not exist", d.display());
-            }
-            exists
-        }) {
-            match wasm_files(dir) {
-                Ok(files) => {
-                    for path in files {
-                        catalog.add_file(engine, &path).await;
-                    }
+        let loads = present.iter().map(|path| load_file(engine, path));
+        for (path, loaded) in present.iter().zip(futures::future::join_all(loads).await) {
+            let entry = match loaded {
+                Ok(l) => {
+                    tracing::debug!(strategy = %l.label(), path = %path.display(), "strategy loaded");
+                    CatalogEntry::Loaded(Arc::new(l))
                 }
-                Err(e) => tracing::warn!("strategies.dir {}: {e}", dir.display()),
-            }
+                Err(m) => {
+                    tracing::warn!(path = %path.display(), "strategy registered as missing: {}", m.reason);
+                    CatalogEntry::Missing(m)
+                }
+            };
+            let name = match &entry {
+                CatalogEntry::Loaded(l) => l.name.clone(),
+                CatalogEntry::Missing(m) => m.name.clone(),
+            };
+            insert(&mut catalog.builtins, name, entry);
         }
+        catalog.recompute();
         catalog
     }
 
-    /// Loads one file and registers it under its declared name (the file stem when it cannot say).
-    pub async fn add_file(&mut self, engine: &StrategyEngine, path: &Path) {
-        let stem = path
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let entry = match load(engine, path).await {
-            Ok(loaded) => {
-                tracing::debug!(strategy = %loaded.label(), path = %path.display(), "strategy loaded");
-                CatalogEntry::Loaded(Arc::new(loaded))
-            }
-            Err(e) => {
-                tracing::warn!(path = %path.display(), "strategy registered as missing: {e}");
-                CatalogEntry::Missing(MissingStrategy {
-                    name: stem.clone(),
-                    path: path.to_owned(),
-                    reason: e.to_string(),
-                })
-            }
+    /// A new catalog with `dir`'s files as they are now. A file whose content (SHA-256) is the one
+    /// already known keeps its compiled strategy; new and changed files load in parallel and, when
+    /// `verify` is given, must pass it. A changed file that fails leaves its older content serving.
+    /// Removed files leave the catalog (a built-in they shadowed comes back).
+    pub async fn reload(
+        &self,
+        engine: &StrategyEngine,
+        dir: &Path,
+        verify: Option<Verify<'_>>,
+    ) -> (StrategyCatalog, Vec<FileOutcome>) {
+        let mut next = StrategyCatalog {
+            builtins: self.builtins.clone(),
+            ..Default::default()
         };
-        let name = match &entry {
-            CatalogEntry::Loaded(l) => l.name.clone(),
-            CatalogEntry::Missing(m) => m.name.clone(),
+        let mut outcomes = Vec::new();
+        let files = if dir.exists() {
+            wasm_files(dir).unwrap_or_else(|e| {
+                tracing::warn!("strategies.dir {}: {e}", dir.display());
+                Vec::new()
+            })
+        } else {
+            // An absent folder simply holds no extra strategies.
+            tracing::debug!("strategies.dir {} does not exist", dir.display());
+            Vec::new()
         };
-        if let Some(previous) = self.entries.get(&name) {
-            let previous_path = match previous {
-                CatalogEntry::Loaded(l) => l.path.clone(),
-                CatalogEntry::Missing(m) => m.path.clone(),
-            };
-            // A broken file never shadows a working strategy of the same name.
-            if matches!(entry, CatalogEntry::Missing(_))
-                && matches!(previous, CatalogEntry::Loaded(_))
+        // Read and hash every file; only new content is compiled.
+        let mut changed = Vec::new();
+        for path in files {
+            let bytes = read_limited(&path);
+            let sha = bytes.as_ref().ok().map(|b| hex::encode(Sha256::digest(b)));
+            let known = self.files.get(&path);
+            if let (Some(state), Some(sha)) = (known, &sha)
+                && state.sha256() == Some(sha.as_str())
             {
-                return;
+                // A file whose content failed stays `failed` until it changes.
+                let kind = if state.failed.is_some() {
+                    "failed"
+                } else {
+                    "unchanged"
+                };
+                outcomes.push(outcome(&path, state, kind));
+                next.files.insert(path, state.clone());
+                continue;
             }
-            tracing::info!(
-                strategy = %name,
-                "{} replaces {}",
-                path.display(),
-                previous_path.display()
-            );
+            changed.push((path, bytes));
         }
-        self.entries.insert(name, entry);
+        let loads = changed.iter().map(|(path, bytes)| async move {
+            let loaded = match bytes {
+                Ok(bytes) => load_bytes(engine, path, bytes.clone()).await,
+                Err(reason) => Err(MissingStrategy {
+                    name: stem(path),
+                    path: path.clone(),
+                    reason: reason.clone(),
+                    imports: Vec::new(),
+                    sha256: None,
+                }),
+            };
+            match (loaded, verify) {
+                (Ok(l), Some(verify)) => {
+                    let l = Arc::new(l);
+                    match verify(l.clone()).await {
+                        Ok(()) => Ok(l),
+                        Err(reason) => Err(MissingStrategy {
+                            name: l.name.clone(),
+                            path: path.clone(),
+                            reason: one_line(&format!("fails the router contract: {reason}")),
+                            imports: l.imports.clone(),
+                            sha256: Some(l.sha256.clone()),
+                        }),
+                    }
+                }
+                (Ok(l), None) => Ok(Arc::new(l)),
+                (Err(m), _) => Err(m),
+            }
+        });
+        for ((path, _), result) in changed.iter().zip(futures::future::join_all(loads).await) {
+            let previous = self.files.get(path).and_then(|s| s.serving.clone());
+            let state = match result {
+                Ok(loaded) => {
+                    tracing::info!(strategy = %loaded.label(), path = %path.display(), sha256 = %loaded.sha256, "strategy loaded");
+                    FileState {
+                        serving: Some(loaded),
+                        failed: None,
+                    }
+                }
+                Err(missing) => {
+                    match &previous {
+                        Some(old) => tracing::warn!(
+                            path = %path.display(),
+                            "strategy file changed but cannot be used; {} goes on serving: {}",
+                            old.label(),
+                            missing.reason
+                        ),
+                        None => {
+                            tracing::warn!(path = %path.display(), "strategy registered as missing: {}", missing.reason)
+                        }
+                    }
+                    FileState {
+                        serving: previous,
+                        failed: Some(missing),
+                    }
+                }
+            };
+            let kind = if state.failed.is_some() {
+                "failed"
+            } else {
+                "loaded"
+            };
+            outcomes.push(outcome(path, &state, kind));
+            next.files.insert(path.clone(), state);
+        }
+        for (path, state) in &self.files {
+            if !next.files.contains_key(path) {
+                tracing::info!(path = %path.display(), "strategy file removed");
+                outcomes.push(outcome(path, state, "removed"));
+            }
+        }
+        next.recompute();
+        (next, outcomes)
+    }
+
+    /// Rebuilds the by-name view: built-ins, then the folder's files in path order (a later file
+    /// replaces an earlier one of the same name; a broken file never shadows a working one).
+    fn recompute(&mut self) {
+        let mut entries = self.builtins.clone();
+        for state in self.files.values() {
+            let entry = match (&state.serving, &state.failed) {
+                (Some(l), _) => CatalogEntry::Loaded(l.clone()),
+                (None, Some(m)) => CatalogEntry::Missing(m.clone()),
+                (None, None) => continue,
+            };
+            let name = match &entry {
+                CatalogEntry::Loaded(l) => l.name.clone(),
+                CatalogEntry::Missing(m) => m.name.clone(),
+            };
+            insert(&mut entries, name, entry);
+        }
+        self.entries = entries;
+    }
+
+    /// Files of `strategies.dir` whose current content failed, whether or not an older content
+    /// still serves: what `/health/deep` reports.
+    pub fn failed_files(
+        &self,
+    ) -> impl Iterator<Item = (&MissingStrategy, Option<&Arc<LoadedStrategy>>)> {
+        self.files
+            .values()
+            .filter_map(|s| s.failed.as_ref().map(|f| (f, s.serving.as_ref())))
     }
 
     pub fn get(&self, name: &str) -> Option<&CatalogEntry> {
@@ -205,6 +412,80 @@ impl StrategyCatalog {
     }
 }
 
+/// Registers `entry` under `name`, logging when it replaces another file's entry.
+fn insert(entries: &mut BTreeMap<String, CatalogEntry>, name: String, entry: CatalogEntry) {
+    if let Some(previous) = entries.get(&name) {
+        // A broken file never shadows a working strategy of the same name.
+        if matches!(entry, CatalogEntry::Missing(_)) && matches!(previous, CatalogEntry::Loaded(_))
+        {
+            return;
+        }
+        tracing::debug!(
+            strategy = %name,
+            "{} replaces {}",
+            entry.path().display(),
+            previous.path().display()
+        );
+    }
+    entries.insert(name, entry);
+}
+
+fn outcome(path: &Path, state: &FileState, kind: &'static str) -> FileOutcome {
+    FileOutcome {
+        path: path.to_owned(),
+        state: kind,
+        strategy: match (&state.failed, &state.serving) {
+            (Some(f), _) => f.name.clone(),
+            (None, Some(s)) => s.name.clone(),
+            (None, None) => stem(path),
+        },
+        sha256: state.sha256().map(str::to_owned),
+        reason: state.failed.as_ref().map(|f| f.reason.clone()),
+        still_serving: state
+            .failed
+            .as_ref()
+            .and(state.serving.as_ref())
+            .map(|s| s.label()),
+    }
+}
+
+fn stem(path: &Path) -> String {
+    path.file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// Reads a strategy file, refusing one larger than [`MAX_STRATEGY_FILE_BYTES`].
+fn read_limited(path: &Path) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot read: {e}"))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_STRATEGY_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read: {e}"))?;
+    if bytes.len() as u64 > MAX_STRATEGY_FILE_BYTES {
+        return Err(format!(
+            "is larger than the {} MiB a strategy file may have",
+            MAX_STRATEGY_FILE_BYTES >> 20
+        ));
+    }
+    Ok(bytes)
+}
+
+/// Joins a multi-line report (wasmtime's `Caused by:` chains) into one line.
+pub fn one_line(text: &str) -> String {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && *l != "Caused by:")
+        .map(|l| {
+            l.trim_start_matches(|c: char| c.is_ascii_digit() || c == ':')
+                .trim()
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+        .replace('\t', " ")
+}
+
 fn wasm_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -216,63 +497,207 @@ fn wasm_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
 
 /// Reads, version-checks, compiles and introspects one component.
 pub async fn load(engine: &StrategyEngine, path: &Path) -> Result<LoadedStrategy, StrategyError> {
+    let bytes = read_limited(path).map_err(|reason| StrategyError::Load {
+        path: path.to_owned(),
+        reason,
+    })?;
+    load_bytes(engine, path, bytes)
+        .await
+        .map_err(|m| StrategyError::Load {
+            path: m.path,
+            reason: m.reason,
+        })
+}
+
+/// [`load_bytes`] from the file at `path`, as a catalog entry on failure.
+async fn load_file(
+    engine: &StrategyEngine,
+    path: &Path,
+) -> Result<LoadedStrategy, MissingStrategy> {
+    match read_limited(path) {
+        Ok(bytes) => load_bytes(engine, path, bytes).await,
+        Err(reason) => Err(MissingStrategy {
+            name: stem(path),
+            path: path.to_owned(),
+            reason,
+            imports: Vec::new(),
+            sha256: None,
+        }),
+    }
+}
+
+/// Checks the version stamp and the imports (cheap), then compiles on a blocking thread (seconds
+/// for an interpreted guest) and asks the component for its name and params schema. A failure
+/// carries what could be read: the declared name once `info()` answered, the imports, the hash.
+pub async fn load_bytes(
+    engine: &StrategyEngine,
+    path: &Path,
+    bytes: Vec<u8>,
+) -> Result<LoadedStrategy, MissingStrategy> {
+    let sha256 = hex::encode(Sha256::digest(&bytes));
+    let mut failure = MissingStrategy {
+        name: stem(path),
+        path: path.to_owned(),
+        reason: String::new(),
+        imports: Vec::new(),
+        sha256: Some(sha256.clone()),
+    };
+    let fail = |mut failure: MissingStrategy, e: StrategyError| {
+        failure.reason = one_line(&match e {
+            StrategyError::Load { reason, .. } => reason,
+            e => e.to_string(),
+        });
+        failure
+    };
+    let api_version = match api_version(&bytes) {
+        Ok(v) => v,
+        Err(reason) => {
+            return Err(fail(
+                failure,
+                StrategyError::Load {
+                    path: path.to_owned(),
+                    reason,
+                },
+            ));
+        }
+    };
+    let declared_deadline = match custom_section(&bytes, DEADLINE_SECTION) {
+        None => None,
+        Some(text) => match text.parse::<u64>() {
+            Ok(ms) if ms > 0 => Some(std::time::Duration::from_millis(ms)),
+            _ => {
+                let reason = format!(
+                    "custom section {DEADLINE_SECTION} must hold a positive number of milliseconds, not {text:?}"
+                );
+                return Err(fail(
+                    failure,
+                    StrategyError::Load {
+                        path: path.to_owned(),
+                        reason,
+                    },
+                ));
+            }
+        },
+    };
+    let shape = match imports::read(&bytes) {
+        Ok(shape) => shape,
+        Err(reason) => {
+            return Err(fail(
+                failure,
+                StrategyError::Load {
+                    path: path.to_owned(),
+                    reason,
+                },
+            ));
+        }
+    };
+    failure.imports = shape.imports.clone();
+    if let Err(reason) = imports::check(&shape) {
+        return Err(fail(
+            failure,
+            StrategyError::Load {
+                path: path.to_owned(),
+                reason,
+            },
+        ));
+    }
+    match compile_and_ask(engine, path, bytes, api_version, shape.imports, sha256).await {
+        Ok(mut loaded) => {
+            loaded.declared_deadline = declared_deadline;
+            Ok(loaded)
+        }
+        Err((declared, e)) => {
+            if let Some(name) = declared {
+                failure.name = name;
+            }
+            Err(fail(failure, e))
+        }
+    }
+}
+
+/// The expensive half of a load. The error carries the declared name once `info()` answered.
+async fn compile_and_ask(
+    engine: &StrategyEngine,
+    path: &Path,
+    bytes: Vec<u8>,
+    api_version: Option<String>,
+    imports: Vec<String>,
+    sha256: String,
+) -> Result<LoadedStrategy, (Option<String>, StrategyError)> {
     let fail = |reason: String| StrategyError::Load {
         path: path.to_owned(),
         reason,
     };
-    let bytes = std::fs::read(path).map_err(|e| fail(format!("cannot read: {e}")))?;
-    let api_version = api_version(&bytes).map_err(fail)?;
     let stamped = match &api_version {
-        Some(v) => Some(
-            ApiVersion::parse(v).ok_or_else(|| StrategyError::UnsupportedApi {
-                path: path.to_owned(),
-                found: v.clone(),
-                supported: SUPPORTED_API_VERSIONS.join(", "),
-            })?,
-        ),
+        Some(v) => Some(ApiVersion::parse(v).ok_or_else(|| {
+            (
+                None,
+                StrategyError::UnsupportedApi {
+                    path: path.to_owned(),
+                    found: v.clone(),
+                    supported: SUPPORTED_API_VERSIONS.join(", "),
+                },
+            )
+        })?),
         None => None,
     };
-    let component = Component::new(&engine.engine, &bytes)
-        .map_err(|e| fail(format!("not a valid component: {e:?}")))?;
+    // Compiling takes seconds for an interpreted guest: on a blocking thread, so the runtime's
+    // workers keep serving, and several files compile at once.
+    let compile_engine = engine.engine.clone();
+    let component = tokio::task::spawn_blocking(move || Component::new(&compile_engine, &bytes))
+        .await
+        .map_err(|e| (None, fail(format!("compiling stopped: {e}"))))?
+        .map_err(|e| (None, fail(format!("not a valid component: {e:?}"))))?;
     let pre = match stamped {
         Some(version) => Pre::new(&engine.linkers, &component, version),
         None => Pre::detect(&engine.linkers, &component),
     }
-    .map_err(fail)?;
+    .map_err(|e| (None, fail(e)))?;
 
     // Ask the component who it is and what it accepts, in a throwaway instance.
-    let stem = path
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let stem = stem(path);
     let mut store = engine.new_store(&stem);
     let guest = pre
         .instantiate(&mut store)
         .await
-        .map_err(|e| fail(format!("cannot instantiate: {e:?}")))?;
+        .map_err(|e| (None, fail(format!("cannot instantiate: {e:?}"))))?;
     let info = guest
         .info(&mut store)
         .await
-        .map_err(|e| fail(format!("info() trapped: {e:?}")))?;
-    let schema_text = guest
-        .params_schema(&mut store)
-        .await
-        .map_err(|e| fail(format!("params-schema() trapped: {e:?}")))?;
-    let params_schema: serde_json::Value = serde_json::from_str(&schema_text)
-        .map_err(|e| fail(format!("params-schema() is not JSON: {e}")))?;
-    if params_schema.get("additionalProperties") != Some(&serde_json::Value::Bool(false)) {
-        return Err(fail(
-            "params-schema() must set `additionalProperties: false` so a mistyped key is an error"
-                .into(),
-        ));
-    }
-    let validator = jsonschema::draft202012::new(&params_schema)
-        .map_err(|e| fail(format!("params-schema() is not a valid JSON Schema: {e}")))?;
+        .map_err(|e| (None, fail(format!("info() trapped: {e:?}"))))?;
     let name = if info.name.trim().is_empty() {
         stem
     } else {
         info.name
     };
+    let declared = Some(name.clone());
+    let schema_text = guest.params_schema(&mut store).await.map_err(|e| {
+        (
+            declared.clone(),
+            fail(format!("params-schema() trapped: {e:?}")),
+        )
+    })?;
+    let params_schema: serde_json::Value = serde_json::from_str(&schema_text).map_err(|e| {
+        (
+            declared.clone(),
+            fail(format!("params-schema() is not JSON: {e}")),
+        )
+    })?;
+    if params_schema.get("additionalProperties") != Some(&serde_json::Value::Bool(false)) {
+        return Err((
+            declared,
+            fail(
+                "params-schema() must set `additionalProperties: false` so a mistyped key is an error"
+                    .into(),
+            ),
+        ));
+    }
+    let validator = jsonschema::draft202012::new(&params_schema).map_err(|e| {
+        (
+            declared.clone(),
+            fail(format!("params-schema() is not a valid JSON Schema: {e}")),
+        )
+    })?;
     Ok(LoadedStrategy {
         name,
         version: info.version,
@@ -282,6 +707,9 @@ pub async fn load(engine: &StrategyEngine, path: &Path) -> Result<LoadedStrategy
         api: pre.version(),
         params_schema,
         validator,
+        imports,
+        sha256,
+        declared_deadline: None,
         pre,
     })
 }
@@ -292,6 +720,22 @@ pub async fn load(engine: &StrategyEngine, path: &Path) -> Result<LoadedStrategy
 /// LEB128-prefixed name, then the payload. Only the top level and nested core modules are scanned
 /// shallowly; a component without the section is accepted (other toolchains may not stamp it).
 pub fn api_version(bytes: &[u8]) -> Result<Option<String>, String> {
+    if bytes.len() < 8 || &bytes[..4] != b"\0asm" {
+        return Err("not a WebAssembly file (bad magic number)".into());
+    }
+    if bytes[6] != 1 {
+        return Err(
+            "is a core WebAssembly module, not a component; build for wasm32-wasip2 or wrap it with `wasm-tools component new`"
+                .into(),
+        );
+    }
+    Ok(custom_section(bytes, API_VERSION_SECTION))
+}
+
+/// The trimmed text of the first custom section called `wanted`, at the top level of the
+/// component or in a nested module or component (where a language's static lands), without
+/// compiling anything.
+pub fn custom_section(bytes: &[u8], wanted: &str) -> Option<String> {
     fn leb(bytes: &[u8], pos: &mut usize) -> Option<u64> {
         let mut result = 0u64;
         let mut shift = 0;
@@ -308,7 +752,7 @@ pub fn api_version(bytes: &[u8]) -> Result<Option<String>, String> {
             }
         }
     }
-    fn scan(bytes: &[u8], depth: u32) -> Option<String> {
+    fn scan(bytes: &[u8], wanted: &str, depth: u32) -> Option<String> {
         // Preamble: magic + version/layer (8 bytes).
         if bytes.len() < 8 || &bytes[..4] != b"\0asm" {
             return None;
@@ -325,28 +769,86 @@ pub fn api_version(bytes: &[u8]) -> Result<Option<String>, String> {
                 let mut p = 0;
                 let name_len = leb(body, &mut p)? as usize;
                 let name = body.get(p..p + name_len)?;
-                if name == API_VERSION_SECTION.as_bytes() {
+                if name == wanted.as_bytes() {
                     let payload = &body[p + name_len..];
                     return Some(String::from_utf8_lossy(payload).trim().to_owned());
                 }
             } else if is_component && (id == 1 || id == 4) && depth < 4 {
                 // A nested core module (id 1) or component (id 4): the SDK's static lands in the
                 // core module that holds the strategy's code.
-                if let Some(v) = scan(body, depth + 1) {
+                if let Some(v) = scan(body, wanted, depth + 1) {
                     return Some(v);
                 }
             }
         }
         None
     }
-    if bytes.len() < 8 || &bytes[..4] != b"\0asm" {
-        return Err("not a WebAssembly file (bad magic number)".into());
+    scan(bytes, wanted, 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A component importing `wasi:http/types@0.2.10` (an empty instance) and nothing else.
+    fn http_importing_component() -> Vec<u8> {
+        let name = b"wasi:http/types@0.2.10";
+        let mut bytes = b"\0asm\x0d\x00\x01\x00".to_vec();
+        bytes.extend_from_slice(&[0x07, 0x03, 0x01, 0x42, 0x00]);
+        let mut import = vec![0x01, 0x00, name.len() as u8];
+        import.extend_from_slice(name);
+        import.extend_from_slice(&[0x05, 0x00]);
+        bytes.push(0x0a);
+        bytes.push(import.len() as u8);
+        bytes.extend_from_slice(&import);
+        bytes
     }
-    if bytes[6] != 1 {
-        return Err(
-            "is a core WebAssembly module, not a component; build for wasm32-wasip2 or wrap it with `wasm-tools component new`"
-                .into(),
+
+    #[tokio::test]
+    async fn an_import_the_host_lacks_is_refused_by_name_with_the_imports_listed() {
+        let engine = StrategyEngine::new(super::super::StrategyLimits::default()).unwrap();
+        let bytes = http_importing_component();
+        assert_eq!(
+            imports::read(&bytes).unwrap().imports,
+            ["wasi:http/types@0.2.10"]
+        );
+        let failure = load_bytes(&engine, Path::new("/strategies/js.wasm"), bytes)
+            .await
+            .unwrap_err();
+        assert_eq!(failure.name, "js", "no info() to ask: the file stem");
+        assert_eq!(failure.imports, ["wasi:http/types@0.2.10"]);
+        assert!(
+            failure
+                .reason
+                .starts_with("imports wasi:http/types@0.2.10: strategies get no network"),
+            "{}",
+            failure.reason
+        );
+        assert!(failure.sha256.is_some());
+    }
+
+    #[test]
+    fn multi_line_reports_become_one_line() {
+        let text = "not a valid component: failed to compile\n\nCaused by:\n    0: func 0 failed\n    1: type index out of bounds\tat 12";
+        assert_eq!(
+            one_line(text),
+            "not a valid component: failed to compile; func 0 failed; type index out of bounds at 12"
         );
     }
-    Ok(scan(bytes, 0))
+
+    #[test]
+    fn custom_sections_are_found_by_name() {
+        let mut bytes = b"\0asm\x0d\x00\x01\x00".to_vec();
+        let mut body = vec![DEADLINE_SECTION.len() as u8];
+        body.extend_from_slice(DEADLINE_SECTION.as_bytes());
+        body.extend_from_slice(b"20");
+        bytes.push(0);
+        bytes.push(body.len() as u8);
+        bytes.extend_from_slice(&body);
+        assert_eq!(
+            custom_section(&bytes, DEADLINE_SECTION).as_deref(),
+            Some("20")
+        );
+        assert_eq!(custom_section(&bytes, API_VERSION_SECTION), None);
+    }
 }

@@ -47,6 +47,9 @@ pub(super) struct DeadlineElapsed;
 /// Wall-clock multiple of the deadline after which a call is stopped whatever its CPU use.
 const BACKSTOP_FACTOR: u32 = 20;
 
+/// `strategies.max_call_timeout_ms` when unset: a strategy may ask for ten times the default.
+pub const DEFAULT_MAX_CALL_TIMEOUT: Duration = Duration::from_millis(50);
+
 /// Limits applied to every call into a strategy.
 #[derive(Debug, Clone, Copy)]
 pub struct StrategyLimits {
@@ -72,6 +75,8 @@ pub struct StrategyEngine {
     pub(super) engine: Engine,
     pub(super) linkers: Linkers,
     pub(super) limits: StrategyLimits,
+    /// The longest call deadline a strategy may declare or a model may set.
+    max_call_timeout: Duration,
 }
 
 impl StrategyEngine {
@@ -102,11 +107,43 @@ impl StrategyEngine {
             engine,
             linkers,
             limits,
+            max_call_timeout: limits.call_timeout.max(DEFAULT_MAX_CALL_TIMEOUT),
         })
     }
 
     pub fn limits(&self) -> StrategyLimits {
         self.limits
+    }
+
+    /// The longest deadline a strategy may declare or a model may set.
+    pub fn max_call_timeout(&self) -> Duration {
+        self.max_call_timeout
+    }
+
+    /// Sets the longest deadline a strategy may declare (`strategies.max_call_timeout_ms`).
+    pub fn set_max_call_timeout(&mut self, max: Duration) {
+        self.max_call_timeout = max.max(self.limits.call_timeout);
+    }
+
+    /// The deadline of a model's calls into `strategy`: the model's `router_deadline_ms`, else
+    /// what the strategy declares (custom section `switchyard-router-deadline-ms`), else
+    /// `strategies.call_timeout_ms`; never above the host's maximum.
+    pub fn deadline_for(
+        &self,
+        model: Option<Duration>,
+        strategy: &super::LoadedStrategy,
+    ) -> Duration {
+        model
+            .or(strategy.declared_deadline)
+            .unwrap_or(self.limits.call_timeout)
+            .min(self.max_call_timeout)
+    }
+
+    /// The same engine (its compiled code and linkers shared) whose calls get `call_timeout`.
+    pub fn with_call_timeout(&self, call_timeout: Duration) -> Self {
+        let mut engine = self.clone();
+        engine.limits.call_timeout = call_timeout;
+        engine
     }
 
     /// A fresh store for one instance of the strategy labelled `label`.

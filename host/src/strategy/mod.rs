@@ -7,6 +7,7 @@
 pub mod catalog;
 pub mod contract;
 pub mod engine;
+pub mod imports;
 pub mod offline;
 pub mod router;
 mod types;
@@ -14,7 +15,9 @@ mod wit;
 
 use std::path::PathBuf;
 
-pub use catalog::{BUILTIN_STRATEGIES, CatalogEntry, LoadedStrategy, StrategyCatalog};
+pub use catalog::{
+    BUILTIN_STRATEGIES, CatalogEntry, FileOutcome, LoadedStrategy, MissingStrategy, StrategyCatalog,
+};
 pub use engine::{StrategyEngine, StrategyLimits};
 pub use router::ModelRouter;
 pub use types::{

@@ -202,6 +202,11 @@ impl ModelRouter {
         }
     }
 
+    /// The deadline of this router's calls (`StrategyEngine::deadline_for`).
+    pub fn deadline(&self) -> Duration {
+        self.engine.limits().call_timeout
+    }
+
     /// Asks the strategy for an order. The result is checked: every index must be one of the
     /// candidates' and appear once. On any error the caller falls back to declared order.
     pub async fn select(
