@@ -116,6 +116,29 @@ pub struct StrategiesConfig {
     pub call_timeout: Duration,
     pub memory_limit_bytes: usize,
     pub tick_interval: Option<Duration>,
+    /// Calls waiting for one model's shadow strategy before new ones are dropped.
+    pub shadow_queue: usize,
+    /// `None`: no decision is recorded.
+    pub record: Option<RecordConfig>,
+}
+
+/// `strategies.record`, validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecordConfig {
+    /// Fraction of decisions recorded, in (0, 1].
+    pub sample_rate: f64,
+    /// As written; relative to the config file (`Config::resolve_path`).
+    pub path: PathBuf,
+    pub max_file_bytes: u64,
+    pub max_files: u32,
+    pub queue: usize,
+}
+
+/// A model's shadow strategy (`router_shadow` and `shadow_params`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShadowConfig {
+    pub router: String,
+    pub params: serde_json::Value,
 }
 
 #[derive(Debug, Clone)]
@@ -189,6 +212,8 @@ pub struct ModelConfig {
     pub aliases: Vec<String>,
     pub router: String,
     pub router_params: serde_json::Value,
+    /// `router_shadow`: a strategy that decides beside the real one, never acted on.
+    pub shadow: Option<ShadowConfig>,
     pub published: bool,
     pub upstreams: Vec<ModelUpstream>,
 }

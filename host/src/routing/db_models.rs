@@ -129,6 +129,7 @@ pub fn merged_models(config: &Config, snapshot: &Snapshot) -> Vec<ModelConfig> {
                 aliases: Vec::new(),
                 router: d.router.clone(),
                 router_params: d.router_params.clone(),
+                shadow: None,
                 published: true,
                 upstreams: database_routes(snapshot, name, 0),
             },

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use crate::config::{Config, ModelConfig, ModelUpstream};
 use crate::routing::policy::{self, Overrides};
 use crate::strategy::{
-    CatalogEntry, ModelRouter, StrategyCatalog, StrategyEngine, StrategyError, UpstreamInfo,
-    upstream_table,
+    CatalogEntry, ModelRouter, Shadow, StrategyCatalog, StrategyEngine, StrategyError,
+    UpstreamInfo, upstream_table,
 };
 
 /// A model as served: its config and the strategy router that orders its routes.
@@ -18,6 +18,8 @@ use crate::strategy::{
 pub struct ModelEntry {
     pub config: ModelConfig,
     pub router: Arc<ModelRouter>,
+    /// `router_shadow`: a second strategy handed every decided request, never acted on.
+    pub shadow: Option<Arc<Shadow>>,
     /// The key-pool declarations' generation this entry's routes belong to
     /// ([`crate::routing::key_pools::KeyPools::generation`]). A request binds a caller to a key
     /// only while the declarations are still these: a request that resolved its model from an
@@ -42,6 +44,8 @@ pub struct ModelTable {
     aliases: HashMap<String, String>,
     /// Canonical ids in config order, for listings.
     order: Vec<String>,
+    /// `strategies.shadow_queue`: calls waiting for each model's shadow.
+    shadow_queue: usize,
 }
 
 /// Why a config's models cannot be served with the strategies at hand. One entry per problem, each
@@ -62,7 +66,10 @@ impl ModelTable {
     ) -> Result<ModelTable, ModelTableError> {
         let file = config.source.display();
         let mut problems = Vec::new();
-        let mut table = ModelTable::default();
+        let mut table = ModelTable {
+            shadow_queue: config.strategies.shadow_queue,
+            ..ModelTable::default()
+        };
         for (mi, model) in config.models.iter().enumerate() {
             // `{file}:{line}: models[0] (id).router`, the line being the key's.
             let at = |key: &str| {
@@ -81,17 +88,25 @@ impl ModelTable {
                 &HashSet::new(),
                 config.routing.local_fraction,
             );
-            match new_router(
+            let routes = upstream_table(&model.upstreams);
+            let shadow = new_shadow(
                 &model,
-                upstream_table(&model.upstreams),
+                routes.clone(),
                 &at,
                 engine,
                 catalog,
+                table.shadow_queue,
             )
-            .await
-            {
-                Ok(router) => table.insert(model, Arc::new(router)),
-                Err(mut p) => problems.append(&mut p),
+            .await;
+            match (
+                new_router(&model, routes, &at, engine, catalog).await,
+                shadow,
+            ) {
+                (Ok(router), Ok(shadow)) => table.insert(model, Arc::new(router), shadow),
+                (router, shadow) => {
+                    problems.extend(router.err().into_iter().flatten());
+                    problems.extend(shadow.err().into_iter().flatten());
+                }
             }
         }
         if problems.is_empty() {
@@ -115,7 +130,11 @@ impl ModelTable {
         for_router: impl Fn(&[ModelUpstream]) -> Vec<UpstreamInfo>,
     ) -> (ModelTable, Vec<String>) {
         let mut problems = Vec::new();
-        let mut table = ModelTable::default();
+        let shadow_queue = self.shadow_queue;
+        let mut table = ModelTable {
+            shadow_queue,
+            ..ModelTable::default()
+        };
         for mut model in models {
             apply_policy(&mut model);
             if table.resolve(&model.id).is_some() {
@@ -154,7 +173,35 @@ impl ModelTable {
                     }
                 }
             };
-            table.insert(model, router);
+            // The shadow is kept (with its state) on the same terms as the router.
+            let same_shadow = self
+                .models
+                .get(&model.id)
+                .filter(|old| old.config.shadow == model.shadow);
+            let shadow = match same_shadow {
+                Some(old) => {
+                    if let Some(s) = &old.shadow
+                        && upstream_table(old.upstreams()) != upstream_table(&model.upstreams)
+                    {
+                        s.refresh_upstreams(for_router(&model.upstreams));
+                    }
+                    old.shadow.clone()
+                }
+                None => {
+                    let id = model.id.clone();
+                    let at = |key: &str| format!("model `{id}`.{key}");
+                    let routes = for_router(&model.upstreams);
+                    match new_shadow(&model, routes, &at, engine, catalog, shadow_queue).await {
+                        Ok(shadow) => shadow,
+                        Err(mut p) => {
+                            // The model is served without its shadow rather than not at all.
+                            problems.append(&mut p);
+                            None
+                        }
+                    }
+                }
+            };
+            table.insert(model, router, shadow);
         }
         (table, problems)
     }
@@ -164,7 +211,12 @@ impl ModelTable {
         self.models().map(|m| m.config.clone()).collect()
     }
 
-    fn insert(&mut self, config: ModelConfig, router: Arc<ModelRouter>) {
+    fn insert(
+        &mut self,
+        config: ModelConfig,
+        router: Arc<ModelRouter>,
+        shadow: Option<Arc<Shadow>>,
+    ) {
         for alias in &config.aliases {
             self.aliases.insert(alias.clone(), config.id.clone());
         }
@@ -174,6 +226,7 @@ impl ModelTable {
             Arc::new(ModelEntry {
                 config,
                 router,
+                shadow,
                 key_generation: 0,
             }),
         );
@@ -195,11 +248,14 @@ impl ModelTable {
         unhealthy_origins: &HashSet<String>,
         local_fraction: Option<f64>,
     ) -> ModelTable {
-        let mut table = ModelTable::default();
+        let mut table = ModelTable {
+            shadow_queue: self.shadow_queue,
+            ..ModelTable::default()
+        };
         for entry in self.models() {
             let mut config = entry.config.clone();
             policy::apply(&mut config, overrides, unhealthy_origins, local_fraction);
-            table.insert(config, entry.router.clone());
+            table.insert(config, entry.router.clone(), entry.shadow.clone());
         }
         // Policy changes weights, never keys: the declarations are the ones this table had.
         table.set_key_generation(self.models().next().map_or(0, |m| m.key_generation));
@@ -238,52 +294,85 @@ async fn new_router(
     engine: &StrategyEngine,
     catalog: &StrategyCatalog,
 ) -> Result<ModelRouter, Vec<String>> {
-    let strategy = match catalog.get(&model.router) {
+    let keys = ("router", "router_params");
+    instantiate(
+        model,
+        (model.router.as_str(), &model.router_params),
+        keys,
+        routes,
+        at,
+        engine,
+        catalog,
+    )
+    .await
+}
+
+/// The model's shadow (`router_shadow`, `shadow_params`), validated and started like its router;
+/// `None` when it has none.
+async fn new_shadow(
+    model: &ModelConfig,
+    routes: Vec<UpstreamInfo>,
+    at: &(dyn Fn(&str) -> String + Sync),
+    engine: &StrategyEngine,
+    catalog: &StrategyCatalog,
+    queue: usize,
+) -> Result<Option<Arc<Shadow>>, Vec<String>> {
+    let Some(shadow) = &model.shadow else {
+        return Ok(None);
+    };
+    let keys = ("router_shadow", "shadow_params");
+    let spec = (shadow.router.as_str(), &shadow.params);
+    let router = instantiate(model, spec, keys, routes, at, engine, catalog).await?;
+    Ok(Some(Arc::new(Shadow::start(router, queue))))
+}
+
+/// Instantiates strategy `name` with `params` for the model; errors name the model's `keys`
+/// (strategy key, params key).
+async fn instantiate(
+    model: &ModelConfig,
+    (name, params): (&str, &serde_json::Value),
+    (router_key, params_key): (&str, &str),
+    routes: Vec<UpstreamInfo>,
+    at: &(dyn Fn(&str) -> String + Sync),
+    engine: &StrategyEngine,
+    catalog: &StrategyCatalog,
+) -> Result<ModelRouter, Vec<String>> {
+    let strategy = match catalog.get(name) {
         Some(CatalogEntry::Loaded(s)) => s.clone(),
         Some(CatalogEntry::Missing(m)) => {
             return Err(vec![format!(
-                "{}: strategy `{}` is unavailable: {}",
-                at("router"),
-                model.router,
+                "{}: strategy `{name}` is unavailable: {}",
+                at(router_key),
                 m.reason
             )]);
         }
         None => {
             return Err(vec![format!(
-                "{}: unknown strategy `{}`; known strategies: {}",
-                at("router"),
-                model.router,
+                "{}: unknown strategy `{name}`; known strategies: {}",
+                at(router_key),
                 catalog.names().join(", ")
             )]);
         }
     };
-    if let Err(errors) = strategy.validate_params(&model.router_params) {
+    if let Err(errors) = strategy.validate_params(params) {
         return Err(errors
             .into_iter()
             .map(|e| {
                 format!(
                     "{}: strategy `{}` rejects the params: {e}",
-                    at("router_params"),
+                    at(params_key),
                     strategy.name
                 )
             })
             .collect());
     }
-    match ModelRouter::new(
-        engine,
-        strategy.clone(),
-        &model.id,
-        &model.router_params,
-        routes,
-    )
-    .await
-    {
+    match ModelRouter::new(engine, strategy.clone(), &model.id, params, routes).await {
         Ok(router) => Ok(router),
         Err(StrategyError::Rejected { message, .. }) => Err(vec![format!(
             "{}: strategy `{}` rejects the params: {message}",
-            at("router_params"),
+            at(params_key),
             strategy.name
         )]),
-        Err(e) => Err(vec![format!("{}: {e}", at("router"))]),
+        Err(e) => Err(vec![format!("{}: {e}", at(router_key))]),
     }
 }

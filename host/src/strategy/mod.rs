@@ -8,7 +8,10 @@ pub mod catalog;
 pub mod contract;
 pub mod engine;
 pub mod offline;
+pub mod record;
+pub mod replay;
 pub mod router;
+pub mod shadow;
 mod types;
 mod wit;
 
@@ -17,6 +20,7 @@ use std::path::PathBuf;
 pub use catalog::{BUILTIN_STRATEGIES, CatalogEntry, LoadedStrategy, StrategyCatalog};
 pub use engine::{StrategyEngine, StrategyLimits};
 pub use router::ModelRouter;
+pub use shadow::Shadow;
 pub use types::{
     Candidate, CircuitState, Decision, HedgeRequest, Modalities, Observation, PrefillPolicy,
     Pricing, Request, StrategyInfo, UpstreamInfo, upstream_table,
