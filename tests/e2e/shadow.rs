@@ -344,3 +344,74 @@ fn model_endpoint(record: &Value, index: u64) -> Value {
         .map(|r| r["endpoint_id"].clone())
         .unwrap()
 }
+
+/// The request path never waits for a shadow: with the queue full, a call is dropped and counted.
+/// On this single-threaded runtime the shadow's task cannot run before the test yields, so the
+/// first call fills the one-slot queue and the other nine are dropped.
+#[tokio::test]
+async fn a_full_shadow_queue_drops_and_counts_instead_of_waiting() {
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
+    use switchyard::strategy::{
+        Candidate, CircuitState, Modalities, ModelRouter, PrefillPolicy, Request, Shadow,
+        StrategyEngine, StrategyLimits, catalog,
+    };
+
+    let engine = StrategyEngine::new(StrategyLimits {
+        call_timeout: Duration::from_millis(500),
+        memory_limit_bytes: 64 << 20,
+    })
+    .unwrap();
+    let strategy = Arc::new(
+        catalog::load(&engine, &component("strategies-testing", "trap_on_select"))
+            .await
+            .unwrap(),
+    );
+    let router = ModelRouter::new(&engine, strategy, "m", &serde_json::json!({}), vec![])
+        .await
+        .unwrap();
+    let shadow = Shadow::start(router, 1);
+    let request = Request {
+        caller_hash: 1,
+        prompt_tokens: 10,
+        max_tokens: None,
+        stream: false,
+        modalities: Modalities::empty(),
+        seed: 42,
+        now_ms: 0,
+        prefill: PrefillPolicy {
+            enabled: false,
+            intervene_tokens: 0,
+            elephant_tokens: 0,
+            elephant_limit: 0,
+        },
+        remaining_budget_usd: None,
+    };
+    let candidate = Candidate {
+        index: 0,
+        weight: 1.0,
+        priority: 0,
+        availability: 1.0,
+        circuit: CircuitState::Closed,
+        prefill_backlog_tokens: 0,
+        inflight_elephants: 0,
+        uncached_prompt_tokens: 10,
+        ttft_ms: None,
+        latency_ms: None,
+        inflight_requests: 0,
+        affinity_pinned: false,
+    };
+    for _ in 0..10 {
+        shadow.select(&request, &[candidate], &[0]);
+    }
+    assert_eq!(shadow.stats.dropped.load(Ordering::Relaxed), 9);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while shadow.stats.failed.load(Ordering::Relaxed) < 1 {
+        assert!(Instant::now() < deadline, "{}", shadow.report());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let report = shadow.report();
+    assert_eq!(report["failed"], 1, "{report}");
+    assert_eq!(report["dropped"], 9, "{report}");
+    assert_eq!(report["compared"], 0, "{report}");
+}
