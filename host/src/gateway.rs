@@ -40,6 +40,9 @@ pub enum BuildError {
     /// The upstream HTTP client could not be built.
     #[error("upstream client: {0}")]
     Http(#[from] reqwest::Error),
+    /// `strategies.record` cannot write its file.
+    #[error(transparent)]
+    Record(#[from] crate::strategy::record::RecordError),
 }
 
 /// Strategies and the route table, without network or storage: what `check` validates.
@@ -191,6 +194,11 @@ impl Gateway {
             Arc::new(crate::routewise::RouteWiseHost::new());
         let mut routing_context = RoutingContext::new(&config);
         routing_context.attempts = extension.clone();
+        if let Some(record) = &config.strategies.record {
+            let path = config.resolve_path(&record.path);
+            let recorder = crate::strategy::record::Recorder::start(record, path)?;
+            routing_context.recorder = Some(Arc::new(recorder));
+        }
         routing_context
             .keys
             .update_declarations(routing.table.models().flat_map(|m| m.upstreams().iter()));
@@ -645,6 +653,9 @@ impl Gateway {
                 let routes = crate::strategy::upstream_table(
                     &self.extension.upstream_metadata(after.upstreams()), // quota snapshots survive
                 );
+                if let Some(shadow) = &after.shadow {
+                    shadow.refresh_upstreams(routes.clone());
+                }
                 if let Err(e) = after.router.refresh_upstreams(routes).await {
                     tracing::warn!(model = %after.id(), "pushing the new upstream table failed: {e}");
                 }
@@ -742,6 +753,9 @@ impl Gateway {
                 let now = crate::clock::unix_ms();
                 for model in gateway.table().models() {
                     model.router.tick(now).await;
+                    if let Some(shadow) = &model.shadow {
+                        shadow.tick(now);
+                    }
                 }
             }
         });

@@ -17,6 +17,7 @@ use switchyard::routewise::quota;
 use switchyard::store::Store;
 use switchyard::strategy::{
     CatalogEntry, StrategyCatalog, StrategyEngine, StrategyLimits, catalog, contract, offline,
+    replay,
 };
 use switchyard::telemetry;
 
@@ -144,6 +145,29 @@ enum StrategiesCommand {
         /// The decision: route table, request facts, candidates, observations to replay.
         #[arg(long)]
         input: PathBuf,
+        #[command(flatten)]
+        config: ConfigArg,
+    },
+    /// Re-run recorded decisions (`strategies.record`) through a strategy and report, per model,
+    /// how often its primary and its order agree with what was served, as JSON.
+    Replay {
+        /// A strategy name from the catalog, or the path of a `.wasm` component.
+        #[arg(long)]
+        strategy: String,
+        /// Router params: a JSON file, or inline JSON (default: the recorded params when the
+        /// strategy is the one that decided, else `{}`).
+        #[arg(long)]
+        params: Option<String>,
+        /// Record files, read in the order given (rotated files are older: `d.jsonl.1` before
+        /// `d.jsonl`).
+        #[arg(long, required = true, num_args = 1..)]
+        from: Vec<PathBuf>,
+        /// Only this model's records.
+        #[arg(long)]
+        model: Option<String>,
+        /// Disagreements shown per model.
+        #[arg(long, default_value_t = 5)]
+        examples: usize,
         #[command(flatten)]
         config: ConfigArg,
     },
@@ -442,6 +466,10 @@ async fn check(config_path: &Path) -> anyhow::Result<()> {
             c.router_params,
             if c.published { "" } else { " [unpublished]" }
         );
+        if let (Some(shadow), Some(spec)) = (&model.shadow, &c.shadow) {
+            let s = &shadow.router.strategy;
+            println!("  shadow {} {}, params {}", s.name, s.version, spec.params);
+        }
         for r in &c.upstreams {
             println!(
                 "  [{}] {} {} {} model={} weight={} priority={}",
@@ -558,6 +586,24 @@ async fn strategies(command: StrategiesCommand) -> anyhow::Result<()> {
             input,
             config,
         } => run_decision(&name, params.as_deref(), &input, &config.config).await,
+        StrategiesCommand::Replay {
+            strategy,
+            params,
+            from,
+            model,
+            examples,
+            config,
+        } => {
+            let options = replay::ReplayOptions {
+                params: params.as_deref().map(parse_params).transpose()?,
+                model,
+                examples,
+            };
+            let (engine, strategy) = offline_strategy(&strategy, &config.config).await?;
+            let report = replay::replay(&engine, strategy, &from, &options).await?;
+            println!("{}", serde_json::to_string_pretty(&report)?);
+            Ok(())
+        }
         StrategiesCommand::Test { file, params } => {
             let params: serde_json::Value =
                 serde_json::from_str(&params).context("--params is not JSON")?;
@@ -592,6 +638,47 @@ async fn strategies(command: StrategiesCommand) -> anyhow::Result<()> {
     }
 }
 
+/// `--params`: inline JSON, or a JSON file.
+fn parse_params(text: &str) -> anyhow::Result<serde_json::Value> {
+    let text = text.trim();
+    if text.starts_with('{') {
+        return serde_json::from_str(text).context("--params is not JSON");
+    }
+    let content =
+        std::fs::read_to_string(text).with_context(|| format!("reading --params {text}"))?;
+    serde_json::from_str(&content).with_context(|| format!("--params {text} is not JSON"))
+}
+
+/// A strategy for offline use (`run`, `replay`): by path, or by name from the config's catalog.
+/// Offline there is no request to protect: a generous deadline keeps a busy machine from turning
+/// a slow call into a failure.
+async fn offline_strategy(
+    name: &str,
+    config_path: &Path,
+) -> anyhow::Result<(StrategyEngine, Arc<switchyard::strategy::LoadedStrategy>)> {
+    let offline_limits = |limits: StrategyLimits| StrategyLimits {
+        call_timeout: limits.call_timeout.max(std::time::Duration::from_secs(1)),
+        ..limits
+    };
+    let as_path = Path::new(name);
+    if name.ends_with(".wasm") || as_path.is_file() {
+        let engine = StrategyEngine::new(offline_limits(StrategyLimits::default()))?;
+        let strategy = catalog::load(&engine, as_path).await?;
+        return Ok((engine, Arc::new(strategy)));
+    }
+    let (engine, catalog) = catalog_with(config_path, offline_limits).await?;
+    match catalog.get(name) {
+        Some(CatalogEntry::Loaded(s)) => Ok((engine, s.clone())),
+        Some(CatalogEntry::Missing(m)) => {
+            bail!("strategy `{name}` is unavailable: {}", m.reason)
+        }
+        None => bail!(
+            "unknown strategy `{name}`; known strategies: {}",
+            catalog.names().join(", ")
+        ),
+    }
+}
+
 /// `strategies run`: loads the strategy (by path, or by name from the config's catalog), runs the
 /// decision and prints it.
 async fn run_decision(
@@ -600,44 +687,14 @@ async fn run_decision(
     input: &Path,
     config_path: &Path,
 ) -> anyhow::Result<()> {
-    let params: serde_json::Value = match params.map(str::trim) {
+    let params = match params {
         None => serde_json::json!({}),
-        Some(text) if text.starts_with('{') => {
-            serde_json::from_str(text).context("--params is not JSON")?
-        }
-        Some(file) => {
-            let text = std::fs::read_to_string(file)
-                .with_context(|| format!("reading --params {file}"))?;
-            serde_json::from_str(&text).with_context(|| format!("--params {file} is not JSON"))?
-        }
+        Some(text) => parse_params(text)?,
     };
     let text =
         std::fs::read_to_string(input).with_context(|| format!("reading {}", input.display()))?;
     let decision = offline::parse_input(input, &text)?;
-    // Offline there is no request to protect: a generous deadline keeps a busy machine from
-    // turning a slow call into a failure.
-    let offline_limits = |limits: StrategyLimits| StrategyLimits {
-        call_timeout: limits.call_timeout.max(std::time::Duration::from_secs(1)),
-        ..limits
-    };
-    let as_path = Path::new(name);
-    let (engine, strategy) = if name.ends_with(".wasm") || as_path.is_file() {
-        let engine = StrategyEngine::new(offline_limits(StrategyLimits::default()))?;
-        let strategy = catalog::load(&engine, as_path).await?;
-        (engine, std::sync::Arc::new(strategy))
-    } else {
-        let (engine, catalog) = catalog_with(config_path, offline_limits).await?;
-        match catalog.get(name) {
-            Some(CatalogEntry::Loaded(s)) => (engine, s.clone()),
-            Some(CatalogEntry::Missing(m)) => {
-                bail!("strategy `{name}` is unavailable: {}", m.reason)
-            }
-            None => bail!(
-                "unknown strategy `{name}`; known strategies: {}",
-                catalog.names().join(", ")
-            ),
-        }
-    };
+    let (engine, strategy) = offline_strategy(name, config_path).await?;
     let output = offline::run(&engine, strategy, &params, input, &decision).await?;
     println!("{}", serde_json::to_string_pretty(&output)?);
     Ok(())

@@ -37,6 +37,7 @@ mod routewise_bootstrap;
 mod routewise_probe;
 mod routewise_settings;
 mod sdk_clients;
+mod shadow;
 mod store;
 mod strategies;
 mod strategies_run;

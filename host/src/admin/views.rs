@@ -71,6 +71,7 @@ pub async fn routing(
             "share_basis": share_basis,
             "routes": routes,
             "strategy_status": m.router.status().await,
+            "shadow": m.shadow.as_ref().map(|s| s.report()),
         }));
     }
     Ok(Json(serde_json::json!({
@@ -94,6 +95,7 @@ pub async fn routing(
             }))
             .collect::<Vec<_>>(),
         "models": models,
+        "decision_recording": gateway.routing.recorder.as_ref().map(|r| r.report()),
     })))
 }
 

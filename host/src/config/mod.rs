@@ -26,8 +26,9 @@ pub use lines::KeyLines;
 pub use raw::{Capability, DefaultAuth, LogFormat, ProviderKind};
 pub use runtime::{
     Config, DatabaseModelsConfig, EdgeConfig, FleetConfig, HealthCheckConfig, LoggingConfig,
-    ModelConfig, ModelUpstream, PoolKey, RoutingConfig, ServerConfig, StrategiesConfig,
-    StreamDeadlineOverrides, StreamDeadlines, TelemetryConfig, UpstreamClientConfig,
+    ModelConfig, ModelUpstream, PoolKey, RecordConfig, RoutingConfig, ServerConfig, ShadowConfig,
+    StrategiesConfig, StreamDeadlineOverrides, StreamDeadlines, TelemetryConfig,
+    UpstreamClientConfig,
 };
 
 /// A config that could not be loaded. The message always names the file.

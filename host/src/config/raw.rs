@@ -213,6 +213,31 @@ pub struct RawStrategies {
     /// How long a request for a model whose strategy is still loading waits for it before it
     /// answers 503 `strategy_loading`.
     pub load_wait_ms: Option<u64>,
+    /// Shadow calls (selects, observations, ticks) waiting for a model's shadow strategy; when
+    /// full, a call is dropped and counted, never waited for (default 256).
+    pub shadow_queue: Option<usize>,
+    /// Record a sample of strategy decisions for `strategies replay`; absent: nothing is recorded.
+    pub record: Option<RawRecord>,
+}
+
+/// `strategies.record`: a sampled, bounded record of strategy decisions (inputs and output) in
+/// rotating JSON-lines files.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRecord {
+    /// Fraction of strategy decisions recorded, 0..1 (default 0.01).
+    pub sample_rate: Option<f64>,
+    /// The file decisions are appended to, relative to the config file (default
+    /// `decisions.jsonl`); full files become `PATH.1`, `PATH.2`, ...
+    pub path: Option<PathBuf>,
+    /// Size at which the file is rotated, in MiB (default 64).
+    pub max_file_mib: Option<u64>,
+    /// Files kept, the one being written included (default 4): at most
+    /// `max_files × max_file_mib` on disk.
+    pub max_files: Option<u32>,
+    /// Decisions waiting for the writer; when full, a decision is dropped and counted
+    /// (default 1024).
+    pub queue: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -373,6 +398,11 @@ pub struct RawModel {
     /// Deadline of this model's `select` (and other calls), over the strategy's own and
     /// `strategies.call_timeout_ms`; at most `strategies.max_call_timeout_ms`.
     pub router_deadline_ms: Option<u64>,
+    /// A second strategy run on the model's live traffic after the real decision, off the
+    /// request path and never acted on; its agreement shows in `/routing` and the metrics.
+    pub router_shadow: Option<String>,
+    /// The shadow strategy's params (`{}` when absent).
+    pub shadow_params: Option<serde_json::Value>,
     /// Unpublished models keep their router but are not served or listed.
     #[serde(default = "yes")]
     pub published: bool,

@@ -120,6 +120,29 @@ pub struct StrategiesConfig {
     pub tick_interval: Option<Duration>,
     /// How long a request waits for its model's strategy while strategies load.
     pub load_wait: Duration,
+    /// Calls waiting for one model's shadow strategy before new ones are dropped.
+    pub shadow_queue: usize,
+    /// `None`: no decision is recorded.
+    pub record: Option<RecordConfig>,
+}
+
+/// `strategies.record`, validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecordConfig {
+    /// Fraction of decisions recorded, in (0, 1].
+    pub sample_rate: f64,
+    /// As written; relative to the config file (`Config::resolve_path`).
+    pub path: PathBuf,
+    pub max_file_bytes: u64,
+    pub max_files: u32,
+    pub queue: usize,
+}
+
+/// A model's shadow strategy (`router_shadow` and `shadow_params`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShadowConfig {
+    pub router: String,
+    pub params: serde_json::Value,
 }
 
 #[derive(Debug, Clone)]
@@ -195,6 +218,8 @@ pub struct ModelConfig {
     pub router_params: serde_json::Value,
     /// `router_deadline_ms`: the deadline of this model's strategy calls, when set.
     pub router_deadline: Option<Duration>,
+    /// `router_shadow`: a strategy that decides beside the real one, never acted on.
+    pub shadow: Option<ShadowConfig>,
     pub published: bool,
     pub upstreams: Vec<ModelUpstream>,
 }

@@ -432,3 +432,66 @@ fn a_relative_sqlite_file_is_relative_to_the_config_file() {
         "sqlite://config/switchyard.db"
     );
 }
+
+#[test]
+fn shadow_and_record_are_read_with_their_defaults_and_checked() {
+    let route =
+        "    route:\n      - kind: openai_compat\n        base_url: http://127.0.0.1:9001/v1\n";
+    let c = load(&format!(
+        "strategies:\n  record: {{sample_rate: 0.5}}\nmodels:\n  - id: m\n    router_shadow: round_robin\n{route}  - id: n\n{route}"
+    ))
+    .unwrap();
+    let shadow = c.models[0].shadow.as_ref().unwrap();
+    assert_eq!(shadow.router, "round_robin");
+    assert_eq!(shadow.params, serde_json::json!({}));
+    assert!(c.models[1].shadow.is_none());
+    assert_eq!(c.strategies.shadow_queue, 256);
+    assert_eq!(
+        c.strategies.record,
+        Some(RecordConfig {
+            sample_rate: 0.5,
+            path: "decisions.jsonl".into(),
+            max_file_bytes: 64 << 20,
+            max_files: 4,
+            queue: 1024,
+        })
+    );
+    assert!(load("models: []\n").unwrap().strategies.record.is_none());
+
+    let err = load(&format!(
+        "models:\n  - id: m\n    shadow_params: {{}}\n{route}"
+    ))
+    .unwrap_err()
+    .to_string();
+    assert_eq!(
+        err,
+        "test.yaml:3: models[0] (m).shadow_params: is set but `router_shadow` is not: name the shadow strategy"
+    );
+    let err = load(&format!(
+        "models:\n  - id: m\n    router_shadow: fixed\n    shadow_params: [1]\n{route}"
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("models[0] (m).shadow_params: must be a mapping"),
+        "{err}"
+    );
+    let err = load("strategies:\n  record: {sample_rate: 0}\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("test.yaml:2: strategies.record.sample_rate: must be a fraction in (0, 1]"),
+        "{err}"
+    );
+    let err = load("strategies:\n  record: {max_files: 0}\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("strategies.record.max_files: must be at least 1"),
+        "{err}"
+    );
+    let err = load("strategies:\n  record: {sampel_rate: 1}\n")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("unknown field `sampel_rate`"), "{err}");
+}

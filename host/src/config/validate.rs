@@ -11,8 +11,8 @@ use super::knobs::{affinity_and_prefill, health_config, key_pool_config, pick};
 use super::{
     Config, ConfigError, DEFAULT_GROUP, DatabaseModelsConfig, DefaultAuth, EdgeConfig, FleetConfig,
     HealthCheckConfig, KeyLines, LogFormat, LoggingConfig, ModelConfig, ModelUpstream, PoolKey,
-    RoutingConfig, ServerConfig, StrategiesConfig, TelemetryConfig, UpstreamClientConfig,
-    endpoint_id, interpolate, raw,
+    RecordConfig, RoutingConfig, ServerConfig, ShadowConfig, StrategiesConfig, TelemetryConfig,
+    UpstreamClientConfig, endpoint_id, interpolate, raw,
 };
 
 /// Parses `text` strictly, interpolating `${VAR}` from `env` into scalar values as they are read.
@@ -113,6 +113,33 @@ pub(super) fn validate(
                     "must be a mapping of parameter names to values".into(),
                 ));
             }
+        };
+        let shadow = match (m.router_shadow.as_deref().map(str::trim), m.shadow_params) {
+            (None, None) => None,
+            (None, Some(_)) => {
+                return Err(invalid(
+                    at("shadow_params"),
+                    "is set but `router_shadow` is not: name the shadow strategy".into(),
+                ));
+            }
+            (Some(""), _) => {
+                return Err(invalid(at("router_shadow"), "must name a strategy".into()));
+            }
+            (Some(router), params) => Some(ShadowConfig {
+                router: router.to_owned(),
+                params: match params {
+                    None | Some(serde_json::Value::Null) => {
+                        serde_json::Value::Object(Default::default())
+                    }
+                    Some(v @ serde_json::Value::Object(_)) => v,
+                    Some(_) => {
+                        return Err(invalid(
+                            at("shadow_params"),
+                            "must be a mapping of parameter names to values".into(),
+                        ));
+                    }
+                },
+            }),
         };
 
         let mut seen_ids: BTreeMap<String, usize> = BTreeMap::new();
@@ -285,6 +312,7 @@ pub(super) fn validate(
             id: m.id,
             aliases: m.aliases,
             router_params,
+            shadow,
             published: m.published,
             upstreams: routes,
         });
@@ -457,6 +485,19 @@ pub(super) fn validate(
         return Err(invalid("server.listen".into(), message));
     }
     let s = raw.strategies;
+    let record = match &s.record {
+        None => None,
+        Some(r) => Some(
+            record_config(r)
+                .map_err(|(key, message)| invalid(format!("strategies.record.{key}"), message))?,
+        ),
+    };
+    if s.shadow_queue == Some(0) {
+        return Err(invalid(
+            "strategies.shadow_queue".into(),
+            "must be at least 1".into(),
+        ));
+    }
     let u = raw.upstream;
     // A zero timeout does not mean "none": it fails every request (or every health check).
     for (key, value) in [
@@ -541,6 +582,8 @@ pub(super) fn validate(
             },
             // Long enough for an interpreted guest's cold compile (12-23 s measured).
             load_wait: Duration::from_millis(s.load_wait_ms.unwrap_or(30_000)),
+            shadow_queue: s.shadow_queue.unwrap_or(256),
+            record,
         },
         routing: RoutingConfig {
             default_router,
@@ -802,5 +845,44 @@ fn edge_config(server: &raw::RawServer) -> Result<EdgeConfig, (String, String)> 
             server.shutdown_grace_seconds,
             d.shutdown_grace,
         )?,
+    })
+}
+
+/// `strategies.record`, checked; an error names the key under `strategies.record`.
+fn record_config(r: &raw::RawRecord) -> Result<RecordConfig, (&'static str, String)> {
+    let sample_rate = r.sample_rate.unwrap_or(0.01);
+    if !(sample_rate > 0.0 && sample_rate <= 1.0) {
+        return Err((
+            "sample_rate",
+            format!(
+                "must be a fraction in (0, 1], got {sample_rate} (remove `record:` to record nothing)"
+            ),
+        ));
+    }
+    let max_file_mib = r.max_file_mib.unwrap_or(64);
+    if max_file_mib == 0 {
+        return Err(("max_file_mib", "must be at least 1".into()));
+    }
+    let max_files = r.max_files.unwrap_or(4);
+    if max_files == 0 {
+        return Err(("max_files", "must be at least 1".into()));
+    }
+    let queue = r.queue.unwrap_or(1024);
+    if queue == 0 {
+        return Err(("queue", "must be at least 1".into()));
+    }
+    let path = r
+        .path
+        .clone()
+        .unwrap_or_else(|| std::path::PathBuf::from("decisions.jsonl"));
+    if path.as_os_str().is_empty() {
+        return Err(("path", "must name a file".into()));
+    }
+    Ok(RecordConfig {
+        sample_rate,
+        path,
+        max_file_bytes: max_file_mib.saturating_mul(1 << 20),
+        max_files,
+        queue,
     })
 }

@@ -130,6 +130,7 @@ pub fn merged_models(config: &Config, snapshot: &Snapshot) -> Vec<ModelConfig> {
                 router: d.router.clone(),
                 router_params: d.router_params.clone(),
                 router_deadline: None,
+                shadow: None,
                 published: true,
                 upstreams: database_routes(snapshot, name, 0),
             },

@@ -31,6 +31,8 @@ pub struct RoutingContext {
     pub inflight: Arc<inflight::InFlight>,
     /// The fleet's other replicas; `()` for a gateway alone.
     pub peers: Arc<dyn peers::Peers>,
+    /// Samples strategy decisions for `strategies replay` (`strategies.record`); `None`: off.
+    pub recorder: Option<Arc<crate::strategy::record::Recorder>>,
 }
 
 /// What routing tells the stage above about each attempt it sends (RouteWise's local quota counter
@@ -55,6 +57,7 @@ impl RoutingContext {
             attempts: Arc::new(()),
             inflight: Arc::new(inflight::InFlight::new()),
             peers: Arc::new(()),
+            recorder: None,
         }
     }
 }

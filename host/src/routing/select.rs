@@ -423,22 +423,29 @@ pub async fn select_at(
         },
         remaining_budget_usd: facts.remaining_budget_usd,
     };
-    let (mut order, hedge, strategy_metadata, strategy_error) =
-        match model.router.select(&request, &candidates).await {
-            Ok(decision) => (
-                decision.order,
-                decision.hedge,
-                decision.strategy_metadata,
-                None,
-            ),
-            // A broken strategy never fails the request: declared order keeps it served.
-            Err(e) => (
-                candidates.iter().map(|c| c.index).collect(),
-                None,
-                String::new(),
-                Some(e.to_string()),
-            ),
-        };
+    let decided = model.router.select(&request, &candidates).await;
+    // Beside the request, never in its way: both only queue what they are handed.
+    if let (Some(shadow), Ok(decision)) = (&model.shadow, &decided) {
+        shadow.select(&request, &candidates, &decision.order);
+    }
+    if let Some(recorder) = &ctx.recorder {
+        recorder.offer(&model.router, &request, &candidates, &decided);
+    }
+    let (mut order, hedge, strategy_metadata, strategy_error) = match decided {
+        Ok(decision) => (
+            decision.order,
+            decision.hedge,
+            decision.strategy_metadata,
+            None,
+        ),
+        // A broken strategy never fails the request: declared order keeps it served.
+        Err(e) => (
+            candidates.iter().map(|c| c.index).collect(),
+            None,
+            String::new(),
+            Some(e.to_string()),
+        ),
+    };
     if let Some(i) = sticky {
         // A strategy that sees the pin decides what it is worth (`fixed` keeps it first, an
         // optimising one may prefer a faster endpoint). One that cannot see it (WIT 0.1.0), or

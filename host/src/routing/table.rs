@@ -9,8 +9,8 @@ use std::sync::Arc;
 use crate::config::{Config, ModelConfig, ModelUpstream};
 use crate::routing::policy::{self, Overrides};
 use crate::strategy::{
-    CatalogEntry, LoadedStrategy, ModelRouter, StrategyCatalog, StrategyEngine, StrategyError,
-    UpstreamInfo, upstream_table,
+    CatalogEntry, LoadedStrategy, ModelRouter, Shadow, StrategyCatalog, StrategyEngine,
+    StrategyError, UpstreamInfo, upstream_table,
 };
 
 /// A model as served: its config and the strategy router that orders its routes.
@@ -18,6 +18,8 @@ use crate::strategy::{
 pub struct ModelEntry {
     pub config: ModelConfig,
     pub router: Arc<ModelRouter>,
+    /// `router_shadow`: a second strategy handed every decided request, never acted on.
+    pub shadow: Option<Arc<Shadow>>,
     /// The key-pool declarations' generation this entry's routes belong to
     /// ([`crate::routing::key_pools::KeyPools::generation`]). A request binds a caller to a key
     /// only while the declarations are still these: a request that resolved its model from an
@@ -56,6 +58,8 @@ pub struct ModelTable {
     /// Models waiting for their strategy, by id and by alias.
     pending: HashMap<String, Arc<PendingModel>>,
     pending_order: Vec<Arc<PendingModel>>,
+    /// `strategies.shadow_queue`: calls waiting for each model's shadow.
+    shadow_queue: usize,
 }
 
 /// Whether a model naming a strategy the catalog does not have (or cannot load) stops the build
@@ -86,7 +90,10 @@ impl ModelTable {
     ) -> Result<ModelTable, ModelTableError> {
         let file = config.source.display();
         let mut problems = Vec::new();
-        let mut table = ModelTable::default();
+        let mut table = ModelTable {
+            shadow_queue: config.strategies.shadow_queue,
+            ..ModelTable::default()
+        };
         for (mi, model) in config.models.iter().enumerate() {
             // `{file}:{line}: models[0] (id).router`, the line being the key's.
             let at = |key: &str| {
@@ -118,17 +125,25 @@ impl ModelTable {
                     continue;
                 }
             };
-            match new_router(
+            let routes = upstream_table(&model.upstreams);
+            let shadow = new_shadow(
                 &model,
-                strategy,
-                upstream_table(&model.upstreams),
+                routes.clone(),
                 &at,
                 engine,
+                catalog,
+                table.shadow_queue,
             )
-            .await
-            {
-                Ok(router) => table.insert(model, Arc::new(router)),
-                Err(mut p) => problems.append(&mut p),
+            .await;
+            match (
+                new_router(&model, strategy, routes, &at, engine).await,
+                shadow,
+            ) {
+                (Ok(router), Ok(shadow)) => table.insert(model, Arc::new(router), shadow),
+                (router, shadow) => {
+                    problems.extend(router.err().into_iter().flatten());
+                    problems.extend(shadow.err().into_iter().flatten());
+                }
             }
         }
         if problems.is_empty() {
@@ -154,7 +169,11 @@ impl ModelTable {
         for_router: impl Fn(&[ModelUpstream]) -> Vec<UpstreamInfo>,
     ) -> (ModelTable, Vec<String>) {
         let mut problems = Vec::new();
-        let mut table = ModelTable::default();
+        let shadow_queue = self.shadow_queue;
+        let mut table = ModelTable {
+            shadow_queue,
+            ..ModelTable::default()
+        };
         for mut model in models {
             apply_policy(&mut model);
             if table.resolve(&model.id).is_some() || table.pending(&model.id).is_some() {
@@ -203,7 +222,36 @@ impl ModelTable {
                     }
                 }
             };
-            table.insert(model, router);
+            // The shadow is kept (with its state) on the same terms as the router.
+            let same_shadow = self.models.get(&model.id).filter(|old| {
+                old.config.shadow == model.shadow
+                    && old.shadow.as_ref().is_none_or(|s| {
+                        strategy_named(&s.router.strategy.name, "router_shadow", &at, catalog)
+                            .is_ok_and(|now| Arc::ptr_eq(&s.router.strategy, &now))
+                    })
+            });
+            let shadow = match same_shadow {
+                Some(old) => {
+                    if let Some(s) = &old.shadow
+                        && upstream_table(old.upstreams()) != upstream_table(&model.upstreams)
+                    {
+                        s.refresh_upstreams(for_router(&model.upstreams));
+                    }
+                    old.shadow.clone()
+                }
+                None => {
+                    let routes = for_router(&model.upstreams);
+                    match new_shadow(&model, routes, &at, engine, catalog, shadow_queue).await {
+                        Ok(shadow) => shadow,
+                        Err(mut p) => {
+                            // The model is served without its shadow rather than not at all.
+                            problems.append(&mut p);
+                            None
+                        }
+                    }
+                }
+            };
+            table.insert(model, router, shadow);
         }
         (table, problems)
     }
@@ -235,7 +283,12 @@ impl ModelTable {
         self.pending_order.iter()
     }
 
-    fn insert(&mut self, config: ModelConfig, router: Arc<ModelRouter>) {
+    fn insert(
+        &mut self,
+        config: ModelConfig,
+        router: Arc<ModelRouter>,
+        shadow: Option<Arc<Shadow>>,
+    ) {
         for alias in &config.aliases {
             self.aliases.insert(alias.clone(), config.id.clone());
         }
@@ -245,6 +298,7 @@ impl ModelTable {
             Arc::new(ModelEntry {
                 config,
                 router,
+                shadow,
                 key_generation: 0,
             }),
         );
@@ -266,11 +320,14 @@ impl ModelTable {
         unhealthy_origins: &HashSet<String>,
         local_fraction: Option<f64>,
     ) -> ModelTable {
-        let mut table = ModelTable::default();
+        let mut table = ModelTable {
+            shadow_queue: self.shadow_queue,
+            ..ModelTable::default()
+        };
         for entry in self.models() {
             let mut config = entry.config.clone();
             policy::apply(&mut config, overrides, unhealthy_origins, local_fraction);
-            table.insert(config, entry.router.clone());
+            table.insert(config, entry.router.clone(), entry.shadow.clone());
         }
         table.pending = self.pending.clone();
         table.pending_order = self.pending_order.clone();
@@ -309,18 +366,26 @@ fn strategy_for(
     at: &(dyn Fn(&str) -> String + Sync),
     catalog: &StrategyCatalog,
 ) -> Result<Arc<LoadedStrategy>, String> {
-    match catalog.get(&model.router) {
+    strategy_named(&model.router, "router", at, catalog)
+}
+
+/// The loaded strategy `name`, which the model's `key` names.
+fn strategy_named(
+    name: &str,
+    key: &str,
+    at: &(dyn Fn(&str) -> String + Sync),
+    catalog: &StrategyCatalog,
+) -> Result<Arc<LoadedStrategy>, String> {
+    match catalog.get(name) {
         Some(CatalogEntry::Loaded(s)) => Ok(s.clone()),
         Some(CatalogEntry::Missing(m)) => Err(format!(
-            "{}: strategy `{}` is unavailable: {}",
-            at("router"),
-            model.router,
+            "{}: strategy `{name}` is unavailable: {}",
+            at(key),
             m.reason
         )),
         None => Err(format!(
-            "{}: unknown strategy `{}`; known strategies: {}",
-            at("router"),
-            model.router,
+            "{}: unknown strategy `{name}`; known strategies: {}",
+            at(key),
             catalog.names().join(", ")
         )),
     }
@@ -335,35 +400,72 @@ async fn new_router(
     at: &(dyn Fn(&str) -> String + Sync),
     engine: &StrategyEngine,
 ) -> Result<ModelRouter, Vec<String>> {
-    if let Err(errors) = strategy.validate_params(&model.router_params) {
+    let params = (&model.router_params, "router", "router_params");
+    start_router(
+        model,
+        strategy,
+        params,
+        model.router_deadline,
+        routes,
+        at,
+        engine,
+    )
+    .await
+}
+
+/// The model's shadow (`router_shadow`, `shadow_params`), validated and started like its router;
+/// `None` when it has none.
+async fn new_shadow(
+    model: &ModelConfig,
+    routes: Vec<UpstreamInfo>,
+    at: &(dyn Fn(&str) -> String + Sync),
+    engine: &StrategyEngine,
+    catalog: &StrategyCatalog,
+    queue: usize,
+) -> Result<Option<Arc<Shadow>>, Vec<String>> {
+    let Some(shadow) = &model.shadow else {
+        return Ok(None);
+    };
+    let strategy =
+        strategy_named(&shadow.router, "router_shadow", at, catalog).map_err(|e| vec![e])?;
+    let params = (&shadow.params, "router_shadow", "shadow_params");
+    // The shadow runs off the request path: the strategy's own deadline, not the model's.
+    let router = start_router(model, strategy, params, None, routes, at, engine).await?;
+    Ok(Some(Arc::new(Shadow::start(router, queue))))
+}
+
+/// Validates `params` (the model's `params_key`) against `strategy` (which its `router_key` names)
+/// and instantiates a router of it for the model.
+async fn start_router(
+    model: &ModelConfig,
+    strategy: Arc<LoadedStrategy>,
+    (params, router_key, params_key): (&serde_json::Value, &str, &str),
+    deadline: Option<std::time::Duration>,
+    routes: Vec<UpstreamInfo>,
+    at: &(dyn Fn(&str) -> String + Sync),
+    engine: &StrategyEngine,
+) -> Result<ModelRouter, Vec<String>> {
+    if let Err(errors) = strategy.validate_params(params) {
         return Err(errors
             .into_iter()
             .map(|e| {
                 format!(
                     "{}: strategy `{}` rejects the params: {e}",
-                    at("router_params"),
+                    at(params_key),
                     strategy.name
                 )
             })
             .collect());
     }
     // A model's calls get their own deadline (see `StrategyEngine::deadline_for`).
-    let engine = engine.with_call_timeout(engine.deadline_for(model.router_deadline, &strategy));
-    match ModelRouter::new(
-        &engine,
-        strategy.clone(),
-        &model.id,
-        &model.router_params,
-        routes,
-    )
-    .await
-    {
+    let engine = engine.with_call_timeout(engine.deadline_for(deadline, &strategy));
+    match ModelRouter::new(&engine, strategy.clone(), &model.id, params, routes).await {
         Ok(router) => Ok(router),
         Err(StrategyError::Rejected { message, .. }) => Err(vec![format!(
             "{}: strategy `{}` rejects the params: {message}",
-            at("router_params"),
+            at(params_key),
             strategy.name
         )]),
-        Err(e) => Err(vec![format!("{}: {e}", at("router"))]),
+        Err(e) => Err(vec![format!("{}: {e}", at(router_key))]),
     }
 }

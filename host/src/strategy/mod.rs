@@ -9,7 +9,10 @@ pub mod contract;
 pub mod engine;
 pub mod imports;
 pub mod offline;
+pub mod record;
+pub mod replay;
 pub mod router;
+pub mod shadow;
 mod types;
 mod wit;
 
@@ -20,6 +23,7 @@ pub use catalog::{
 };
 pub use engine::{StrategyEngine, StrategyLimits};
 pub use router::ModelRouter;
+pub use shadow::Shadow;
 pub use types::{
     Candidate, CircuitState, Decision, HedgeRequest, Modalities, Observation, PrefillPolicy,
     Pricing, Request, StrategyInfo, UpstreamInfo, upstream_table,

@@ -367,39 +367,7 @@ pub async fn run(
             .map(|r| r.endpoint_id.clone())
     };
     let r = &input.request;
-    let prefill = r.prefill.unwrap_or_else(|| {
-        let d = crate::routing::prefill::PrefillConfig::default();
-        PrefillInput {
-            enabled: d.enabled,
-            intervene_tokens: d.intervene_tokens,
-            elephant_tokens: d.elephant_tokens,
-            elephant_limit: d.elephant_limit,
-        }
-    });
-    let mut modalities = Modalities::empty();
-    for m in &r.modalities {
-        modalities |= match m {
-            ModalityInput::Image => Modalities::IMAGE,
-            ModalityInput::Audio => Modalities::AUDIO,
-            ModalityInput::Video => Modalities::VIDEO,
-        };
-    }
-    let request = Request {
-        caller_hash: r.caller_hash,
-        prompt_tokens: r.prompt_tokens,
-        max_tokens: r.max_tokens,
-        stream: r.stream,
-        modalities,
-        seed: r.seed,
-        now_ms: r.now_ms,
-        prefill: PrefillPolicy {
-            enabled: prefill.enabled,
-            intervene_tokens: prefill.intervene_tokens,
-            elephant_tokens: prefill.elephant_tokens,
-            elephant_limit: prefill.elephant_limit,
-        },
-        remaining_budget_usd: r.remaining_budget_usd,
-    };
+    let request = request(input);
     let candidates = candidates(file, input, &routes)?;
     let mut observations = Vec::with_capacity(input.observations.len());
     for (i, o) in input.observations.iter().enumerate() {
@@ -472,7 +440,46 @@ pub async fn run(
     })
 }
 
-fn candidates(
+/// The request's facts as the strategy is told them.
+pub fn request(input: &DecisionInput) -> Request {
+    let r = &input.request;
+    let prefill = r.prefill.unwrap_or_else(|| {
+        let d = crate::routing::prefill::PrefillConfig::default();
+        PrefillInput {
+            enabled: d.enabled,
+            intervene_tokens: d.intervene_tokens,
+            elephant_tokens: d.elephant_tokens,
+            elephant_limit: d.elephant_limit,
+        }
+    });
+    let mut modalities = Modalities::empty();
+    for m in &r.modalities {
+        modalities |= match m {
+            ModalityInput::Image => Modalities::IMAGE,
+            ModalityInput::Audio => Modalities::AUDIO,
+            ModalityInput::Video => Modalities::VIDEO,
+        };
+    }
+    Request {
+        caller_hash: r.caller_hash,
+        prompt_tokens: r.prompt_tokens,
+        max_tokens: r.max_tokens,
+        stream: r.stream,
+        modalities,
+        seed: r.seed,
+        now_ms: r.now_ms,
+        prefill: PrefillPolicy {
+            enabled: prefill.enabled,
+            intervene_tokens: prefill.intervene_tokens,
+            elephant_tokens: prefill.elephant_tokens,
+            elephant_limit: prefill.elephant_limit,
+        },
+        remaining_budget_usd: r.remaining_budget_usd,
+    }
+}
+
+/// The admitted candidates: as given, with unset fields from their route, else every route.
+pub fn candidates(
     file: &Path,
     input: &DecisionInput,
     routes: &[Route],

@@ -49,6 +49,9 @@ pub struct ModelRouter {
     /// When each endpoint (by id) last finished an attempt, and when the router was created, in
     /// ms since the Unix epoch: what the RouteWise prober calls idle.
     activity: parking_lot::Mutex<(u64, std::collections::HashMap<String, u64>)>,
+    /// A model's shadow ([`super::shadow`]): its selects and failures are the shadow's metrics,
+    /// not the model's strategy's, and nothing falls back to declared order.
+    shadow: bool,
 }
 
 impl std::fmt::Debug for ModelRouter {
@@ -78,6 +81,7 @@ impl ModelRouter {
             stats: RouterStats::default(),
             activity: parking_lot::Mutex::new((crate::clock::unix_ms(), Default::default())),
             strategy,
+            shadow: false,
         };
         let live = router.instantiate().await?;
         *router.instance.lock().await = Some(live);
@@ -130,7 +134,9 @@ impl ModelRouter {
         if slot.is_none() {
             let live = self.instantiate().await?;
             self.stats.resets.fetch_add(1, Ordering::Relaxed);
-            telemetry::strategy_reset(&self.model_id, &self.strategy.name);
+            if !self.shadow {
+                telemetry::strategy_reset(&self.model_id, &self.strategy.name);
+            }
             tracing::warn!(
                 model = %self.model_id,
                 strategy = %self.strategy.label(),
@@ -238,11 +244,17 @@ impl ModelRouter {
                         reason,
                     })
             });
-        telemetry::strategy_select(&self.model_id, &self.strategy.name, started.elapsed());
+        if self.shadow {
+            telemetry::shadow_select(&self.model_id, &self.strategy.name, started.elapsed());
+        } else {
+            telemetry::strategy_select(&self.model_id, &self.strategy.name, started.elapsed());
+        }
         if let Err(e) = &result {
             self.record_failure(e);
-            // The caller (routing's selection) answers every select failure with declared order.
-            telemetry::strategy_fallback(&self.model_id, &self.strategy.name);
+            if !self.shadow {
+                // The caller (routing's selection) answers every select failure with declared order.
+                telemetry::strategy_fallback(&self.model_id, &self.strategy.name);
+            }
         }
         result
     }
@@ -268,6 +280,22 @@ impl ModelRouter {
         )
         .await;
         self.settle(&mut slot, name, result)
+    }
+
+    /// Makes this router a model's shadow: its calls are reported as the shadow's.
+    pub(crate) fn into_shadow(mut self) -> Self {
+        self.shadow = true;
+        self
+    }
+
+    /// The upstream table last pushed to the strategy (what a recorded decision is replayed with).
+    pub fn upstreams(&self) -> Vec<UpstreamInfo> {
+        self.upstreams.lock().clone()
+    }
+
+    /// The params the strategy was created with, as JSON text.
+    pub fn params_json(&self) -> &str {
+        &self.params_json
     }
 
     /// Replaces the upstream table and pushes it to the strategy.
@@ -342,8 +370,13 @@ impl ModelRouter {
     fn record_failure(&self, e: &StrategyError) {
         self.stats.failures.fetch_add(1, Ordering::Relaxed);
         let (call, kind) = failure_kind(e);
-        telemetry::strategy_failure(&self.model_id, &self.strategy.name, call, kind);
-        tracing::warn!(model = %self.model_id, strategy = %self.strategy.label(), "strategy failure: {e}");
+        if self.shadow {
+            // Counted by the shadow as a failed select; it never touched a request.
+            tracing::debug!(model = %self.model_id, strategy = %self.strategy.label(), "shadow strategy failure: {e}");
+        } else {
+            telemetry::strategy_failure(&self.model_id, &self.strategy.name, call, kind);
+            tracing::warn!(model = %self.model_id, strategy = %self.strategy.label(), "strategy failure: {e}");
+        }
         *self.stats.last_failure.lock() = Some(e.to_string());
     }
 }

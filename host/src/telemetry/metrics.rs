@@ -78,6 +78,15 @@ pub mod names {
     pub const STRATEGY_FALLBACKS: &str = "switchyard_strategy_fallbacks_total";
     /// Counter: strategy instances re-created after a failure (their state was reset).
     pub const STRATEGY_RESETS: &str = "switchyard_strategy_instance_resets_total";
+    /// Histogram, seconds: a model's shadow strategy's `select` call (`strategy` is the shadow's).
+    pub const SHADOW_SELECT_DURATION: &str = "switchyard_shadow_select_duration_seconds";
+    /// Counter: shadow decisions by `outcome`: same_order, same_primary (the primary agrees, the
+    /// order does not), different_primary, failed (the shadow trapped, timed out or erred),
+    /// dropped (the shadow's queue was full).
+    pub const SHADOW_SELECTS: &str = "switchyard_shadow_selects_total";
+    /// Counter: sampled strategy decisions by `outcome` written, dropped (the writer's queue was
+    /// full), failed (the file could not be written).
+    pub const DECISION_RECORDS: &str = "switchyard_decision_records_total";
     /// Counter: client connections refused at the connection cap (`server.max_connections`)
     /// with a 503, before any request was read.
     pub const CONNECTIONS_REFUSED: &str = "switchyard_connections_refused_total";
@@ -144,6 +153,9 @@ pub mod names {
         STRATEGY_FAILURES,
         STRATEGY_FALLBACKS,
         STRATEGY_RESETS,
+        SHADOW_SELECT_DURATION,
+        SHADOW_SELECTS,
+        DECISION_RECORDS,
         CONNECTIONS_REFUSED,
         RATE_LIMITED,
         BUDGET_REFUSED,
@@ -206,6 +218,7 @@ pub fn install() -> Result<(), BuildError> {
         (CLIENT_TOKEN_USAGE, TOKEN_BUCKETS),
         (GATEWAY_OVERHEAD, OVERHEAD_BUCKETS),
         (STRATEGY_SELECT_DURATION, SELECT_BUCKETS),
+        (SHADOW_SELECT_DURATION, SELECT_BUCKETS),
         (REQUEST_ATTEMPTS, ATTEMPT_BUCKETS),
     ] {
         builder = builder.set_buckets_for_metric(Matcher::Full(name.to_owned()), buckets)?;
@@ -301,6 +314,15 @@ fn describe() {
         STRATEGY_RESETS,
         "Strategy instances re-created after a failure"
     );
+    describe_histogram!(
+        SHADOW_SELECT_DURATION,
+        "Duration of a model's shadow strategy's select"
+    );
+    describe_counter!(
+        SHADOW_SELECTS,
+        "Shadow decisions, by outcome against the real decision"
+    );
+    describe_counter!(DECISION_RECORDS, "Sampled strategy decisions, by outcome");
     describe_counter!(
         CONNECTIONS_REFUSED,
         "Client connections refused at the connection cap"
@@ -500,6 +522,33 @@ pub fn strategy_select(model: &str, strategy: &str, duration: Duration) {
     if let Some(hot) = HOT.get() {
         hot.strategy_select(model, strategy, duration);
     }
+}
+
+/// A model's shadow strategy's `select` took `duration` (off the request path).
+pub fn shadow_select(model: &str, strategy: &str, duration: Duration) {
+    histogram!(
+        SHADOW_SELECT_DURATION,
+        "model" => model.to_owned(),
+        "strategy" => strategy.to_owned(),
+    )
+    .record(duration.as_secs_f64());
+}
+
+/// A shadow decision ended in `outcome` (same_order, same_primary, different_primary, failed,
+/// dropped).
+pub fn shadow_outcome(model: &str, strategy: &str, outcome: &'static str) {
+    counter!(
+        SHADOW_SELECTS,
+        "model" => model.to_owned(),
+        "strategy" => strategy.to_owned(),
+        "outcome" => outcome,
+    )
+    .increment(1);
+}
+
+/// A sampled decision was written, dropped or failed to be written.
+pub fn decision_record(outcome: &'static str) {
+    counter!(DECISION_RECORDS, "outcome" => outcome).increment(1);
 }
 
 /// A strategy call failed; `kind` is one of trap, timeout, memory, rejected, invalid_decision,

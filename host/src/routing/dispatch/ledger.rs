@@ -293,21 +293,22 @@ impl AttemptSink for AttemptLedger {
             Err(_) => {}
         }
         if let Some(strategy_metadata) = strategy_metadata.filter(|_| !caller_key_rejected) {
-            report(
-                &self.model.router,
-                Observation {
-                    index: upstream.index,
-                    success: end.outcome.is_ok(),
-                    ttft_ms: end.ttft_ms,
-                    latency_ms: end.latency_ms,
-                    prompt_tokens: prompt_tokens(&end.usage, self.prompt_tokens),
-                    completion_tokens: end.usage.output_tokens,
-                    cached_prompt_tokens: end.usage.cached_input_tokens,
-                    status: end.status,
-                    strategy_metadata,
-                    now_ms: crate::clock::unix_ms(),
-                },
-            );
+            let observation = Observation {
+                index: upstream.index,
+                success: end.outcome.is_ok(),
+                ttft_ms: end.ttft_ms,
+                latency_ms: end.latency_ms,
+                prompt_tokens: prompt_tokens(&end.usage, self.prompt_tokens),
+                completion_tokens: end.usage.output_tokens,
+                cached_prompt_tokens: end.usage.cached_input_tokens,
+                status: end.status,
+                strategy_metadata,
+                now_ms: crate::clock::unix_ms(),
+            };
+            if let Some(shadow) = &self.model.shadow {
+                shadow.observe(&observation);
+            }
+            report(&self.model.router, observation);
         }
     }
 }
