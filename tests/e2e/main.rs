@@ -39,6 +39,7 @@ mod sdk_clients;
 mod store;
 mod strategies;
 mod strategies_run;
+mod strategy_sdks;
 mod stream_deadlines;
 mod traces;
 mod wit_versions;

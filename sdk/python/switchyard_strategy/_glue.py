@@ -32,8 +32,7 @@ class Strategy:
 
 
 class Router:
-    __slots__ = ("_inner",)
-
+    # No __slots__: componentize-py stores the resource handle on the instance.
     def __init__(self, inner) -> None:
         self._inner = inner
 
