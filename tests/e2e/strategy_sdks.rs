@@ -130,8 +130,6 @@ async fn python_and_javascript_strategies_route_real_traffic_and_show_their_api_
         )
         .unwrap();
     }
-    // A deadline far above any call's cost, so a busy machine cannot fail the test (the costs per
-    // language are measured in `cargo bench --bench select`).
     // Upstream `heavy` has weight 0: with no backlog anywhere the tie is broken by weight, so
     // every request of every model goes to `light`.
     let (light, heavy) = (Mock::start(&[]), Mock::start(&[]));
@@ -145,6 +143,8 @@ async fn python_and_javascript_strategies_route_real_traffic_and_show_their_api_
             )
         })
         .collect();
+    // `call_timeout_ms` far above any call's cost, so a busy machine cannot fail the test (the
+    // costs per language are measured by `cargo bench --bench select`).
     let gateway = Gateway::start(&format!(
         "server:\n  admin_token: sdk-admin\nstrategies:\n  dir: {}\n  call_timeout_ms: 1000\nmodels:\n{models}",
         dir.path().display()

@@ -187,6 +187,11 @@ const DEBIAN_TOOLS: &[(&[&str], &[&str], &str)] = &[
         &["chromium", "chromedriver"],
         "the dashboard test",
     ),
+    (
+        &["nodejs", "npm"],
+        &["node", "npm"],
+        "the JavaScript SDK (its example, unit tests and scaffold test)",
+    ),
 ];
 
 fn ensure_debian_tools() -> Result<()> {
@@ -461,8 +466,11 @@ fn fingerprint(files: &[PathBuf]) -> Result<String> {
     use std::hash::{DefaultHasher, Hasher};
     // `DefaultHasher::new()` has fixed keys: the same input gives the same key in every run.
     let mut hasher = DefaultHasher::new();
+    let root = workspace_root();
     for file in files {
-        hasher.write(file.to_string_lossy().as_bytes());
+        // Relative paths: a clone elsewhere (CI's is fresh each run) keeps the same key.
+        let name = file.strip_prefix(&root).unwrap_or(file);
+        hasher.write(name.to_string_lossy().as_bytes());
         hasher.write(&std::fs::read(file).with_context(|| format!("reading {}", file.display()))?);
     }
     Ok(format!("{:016x}", hasher.finish()))
