@@ -197,10 +197,28 @@ pub fn next_steps(name: &str, lang: Lang, dir: &Path) -> String {
         Lang::Python => ".venv/bin/python -m unittest",
         Lang::Js => "npm test",
     };
-    format!(
-        "next:\n  cd {dir}\n  ./build.sh                                  # writes {name}.wasm\n  {test:<43} # the logic, natively\n  switchyard strategies test {name}.wasm     # the router contract suite\nthen copy {name}.wasm into the config's strategies.dir and set `router: {name}` on a model",
-        dir = dir.display()
-    )
+    let steps = [
+        (format!("cd {}", dir.display()), String::new()),
+        ("./build.sh".to_owned(), format!("writes {name}.wasm")),
+        (test.to_owned(), "the logic, natively".to_owned()),
+        (
+            format!("switchyard strategies test {name}.wasm"),
+            "the router contract suite".to_owned(),
+        ),
+    ];
+    let width = steps.iter().map(|(c, _)| c.len()).max().unwrap_or(0);
+    let mut text = String::from("next:\n");
+    for (command, why) in steps {
+        if why.is_empty() {
+            text.push_str(&format!("  {command}\n"));
+        } else {
+            text.push_str(&format!("  {command:<width$}  # {why}\n"));
+        }
+    }
+    text.push_str(&format!(
+        "then copy {name}.wasm into the config's strategies.dir and set `router: {name}` on a model"
+    ));
+    text
 }
 
 #[cfg(test)]
