@@ -21,6 +21,8 @@ use switchyard::strategy::{
 };
 use switchyard::telemetry;
 
+mod scaffold;
+
 /// glibc's allocator was ~16 % of the gateway's CPU under load (malloc, free and
 /// `malloc_consolidate` at the top of the profile): each request parses and builds JSON and HTTP
 /// messages. mimalloc's thread-local free lists cost a fraction of that.
@@ -133,6 +135,21 @@ enum StrategiesCommand {
         /// Router params as JSON (default `{}`).
         #[arg(long, default_value = "{}")]
         params: String,
+    },
+    /// Scaffold a strategy project: source, build script and a unit test, which builds and passes
+    /// `strategies test` as written.
+    New {
+        /// The strategy's name (lowercase letters, digits and `_`): its crate, module and file.
+        name: String,
+        #[arg(long, value_enum)]
+        lang: scaffold::Lang,
+        /// The project folder to create (default `./NAME`); must not exist or be empty.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// The `sdk/` folder of a Switchyard checkout (default: the one this binary was built
+        /// from).
+        #[arg(long)]
+        sdk: Option<PathBuf>,
     },
     /// Run one decision offline and print its order, endpoints, metadata and the strategy's
     /// status as JSON (see docs/routewise.md, "Offline decisions").
@@ -579,6 +596,25 @@ async fn strategies(command: StrategiesCommand) -> anyhow::Result<()> {
                     catalog.names().join(", ")
                 ),
             }
+        }
+        StrategiesCommand::New {
+            name,
+            lang,
+            dir,
+            sdk,
+        } => {
+            let dir = dir.unwrap_or_else(|| PathBuf::from(&name));
+            let Some(sdk) = sdk.or_else(scaffold::default_sdk_dir) else {
+                bail!(
+                    "the SDKs are not where this binary was built; pass --sdk with the sdk/ folder of a Switchyard checkout"
+                );
+            };
+            let files = scaffold::scaffold(&name, lang, &dir, &sdk)?;
+            for f in &files {
+                println!("created {}", f.display());
+            }
+            println!("{}", scaffold::next_steps(&name, lang, &dir));
+            Ok(())
         }
         StrategiesCommand::Run {
             name,

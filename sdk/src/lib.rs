@@ -368,6 +368,20 @@ mod tests {
     }
 
     #[test]
+    fn the_python_and_javascript_sdks_ship_this_wit_and_version() {
+        let wit = include_str!("../../wit/since_v0.2.0/router.wit");
+        assert_eq!(
+            include_str!("../python/switchyard_strategy/wit/router.wit"),
+            wit
+        );
+        assert_eq!(include_str!("../js/wit/router.wit"), wit);
+        let python = include_str!("../python/switchyard_strategy/__init__.py");
+        assert!(python.contains(&format!("API_VERSION = \"{API_VERSION}\"")));
+        let js = include_str!("../js/src/index.js");
+        assert!(js.contains(&format!("export const API_VERSION = \"{API_VERSION}\";")));
+    }
+
+    #[test]
     fn log_is_a_no_op_natively() {
         log(LogLevel::Info, "hello");
     }

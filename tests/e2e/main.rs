@@ -41,6 +41,7 @@ mod shadow;
 mod store;
 mod strategies;
 mod strategies_run;
+mod strategy_sdks;
 mod stream_deadlines;
 mod traces;
 mod wit_versions;

@@ -4,11 +4,18 @@
 //!   copies them to `<target>/strategies/<name>.wasm` (built-ins) and
 //!   `<target>/strategies-testing/<name>.wasm` (test components: deliberately broken ones, and one built
 //!   against the frozen WIT 0.1.0), where `<target>` is
-//!   Cargo's target directory (`CARGO_TARGET_DIR`, else `<workspace>/target`).
+//!   Cargo's target directory (`CARGO_TARGET_DIR`, else `<workspace>/target`). It also builds the
+//!   `least_backlog` example in each SDK's language to `<target>/strategies-examples/`
+//!   (`least_backlog_{rs,py,js}.wasm`): Rust with the workspace, Python and JavaScript with the
+//!   SDKs' own build commands and the tools they pin (componentize-py, componentize-qjs), which it
+//!   installs once into a cache outside the clone (`~/.cache/switchyard/sdk-tools/`, or
+//!   `$SWITCHYARD_TOOL_CACHE`) and reinstalls when the SDK's manifest changes. An example is
+//!   rebuilt only when its source, its SDK or the tools change.
 //! - `demo`: builds everything, starts two mock upstreams on 127.0.0.1:9001/9002 and serves
 //!   `config/switchyard.yaml` in the foreground (Ctrl-C stops all three).
 //! - `ci`: every check CI runs: fmt, clippy (host and wasm targets) with `-D warnings`, the strategy
-//!   build, and every test of the workspace.
+//!   build (examples included), the Python and JavaScript SDKs' unit tests, and every test of the
+//!   workspace.
 //! - `deploy-manifests`: re-renders `deploy/manifests/` from the Helm chart (`deploy/check.py --write`,
 //!   in a virtualenv with `deploy/requirements.txt` under the target directory; the `deploy` e2e tests
 //!   check that the committed files equal the render).
@@ -59,6 +66,12 @@ const COMPONENTS: &[Component] = &[
         package: "strategy-trap-on-select",
         dir: "strategies-testing",
         file: "trap_on_select.wasm",
+    },
+    // The Rust one of the three `least_backlog` examples (tests/e2e/strategy_sdks.rs).
+    Component {
+        package: "strategy-least-backlog",
+        dir: "strategies-examples",
+        file: "least_backlog_rs.wasm",
     },
     // Built against the frozen WIT 0.1.0 without the SDK: proves old components keep working.
     Component {
@@ -119,6 +132,7 @@ fn ci() -> Result<()> {
     wasm_clippy.extend(["--", "-D", "warnings"]);
     run_cargo(&wasm_clippy, "clippy (wasm32-wasip2)")?;
     build_strategies()?;
+    sdk_unit_tests()?;
     run_cargo(&["test", "--workspace", "--no-fail-fast"], "tests")?;
     eprintln!("==> all checks passed");
     Ok(())
@@ -172,6 +186,11 @@ const DEBIAN_TOOLS: &[(&[&str], &[&str], &str)] = &[
         &["chromium", "chromium-driver"],
         &["chromium", "chromedriver"],
         "the dashboard test",
+    ),
+    (
+        &["nodejs", "npm"],
+        &["node", "npm"],
+        "the JavaScript SDK (its example, unit tests and scaffold test)",
     ),
 ];
 
@@ -414,7 +433,238 @@ fn build_strategies() -> Result<()> {
             dest.display()
         );
     }
+    build_sdk_examples(&target_dir)?;
     Ok(())
+}
+
+/// Where the SDKs' pinned tools are installed: outside the clone, shared by every clone and
+/// target directory of the machine, so a fresh CI clone does not download them again.
+fn tool_cache() -> Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("SWITCHYARD_TOOL_CACHE") {
+        return Ok(PathBuf::from(dir));
+    }
+    let base = match std::env::var_os("XDG_CACHE_HOME") {
+        Some(dir) => PathBuf::from(dir),
+        None => PathBuf::from(std::env::var_os("HOME").context("HOME is not set")?).join(".cache"),
+    };
+    Ok(base.join("switchyard").join("sdk-tools"))
+}
+
+/// Runs `command`, failing with `what` when it does not succeed.
+fn run(command: &mut Command, what: &str) -> Result<()> {
+    let status = command
+        .status()
+        .with_context(|| format!("running {what}"))?;
+    if !status.success() {
+        bail!("{what} failed ({status})");
+    }
+    Ok(())
+}
+
+/// A stable fingerprint of files' paths and contents (a cache key, not a security boundary).
+fn fingerprint(files: &[PathBuf]) -> Result<String> {
+    use std::hash::{DefaultHasher, Hasher};
+    // `DefaultHasher::new()` has fixed keys: the same input gives the same key in every run.
+    let mut hasher = DefaultHasher::new();
+    let root = workspace_root();
+    for file in files {
+        // Relative paths: a clone elsewhere (CI's is fresh each run) keeps the same key.
+        let name = file.strip_prefix(&root).unwrap_or(file);
+        hasher.write(name.to_string_lossy().as_bytes());
+        hasher.write(&std::fs::read(file).with_context(|| format!("reading {}", file.display()))?);
+    }
+    Ok(format!("{:016x}", hasher.finish()))
+}
+
+/// Every file under `dir`, sorted, skipping caches and installed dependencies.
+fn files_under(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).with_context(|| format!("reading {}", d.display()))? {
+            let path = entry?.path();
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+            if matches!(
+                name.as_deref(),
+                Some("node_modules" | "__pycache__" | "build")
+            ) || name.as_deref().is_some_and(|n| n.ends_with(".egg-info"))
+            {
+                continue;
+            }
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// A virtualenv with the Python SDK and its pinned componentize-py, rebuilt when
+/// `sdk/python/pyproject.toml` changes. Returns its `python`.
+fn python_sdk_tools() -> Result<PathBuf> {
+    let root = workspace_root();
+    let manifest = root.join("sdk/python/pyproject.toml");
+    let wanted = std::fs::read_to_string(&manifest)
+        .with_context(|| format!("reading {}", manifest.display()))?;
+    let venv = tool_cache()?.join("py-venv");
+    let marker = venv.join("pyproject.installed");
+    let python = venv.join("bin/python");
+    if std::fs::read_to_string(&marker).ok().as_deref() == Some(wanted.as_str()) && python.exists()
+    {
+        return Ok(python);
+    }
+    eprintln!("==> Python SDK tools into {}", venv.display());
+    let _ = std::fs::remove_dir_all(&venv);
+    run(
+        Command::new("python3").args(["-m", "venv"]).arg(&venv),
+        "python3 -m venv (python3 is needed to build the Python example)",
+    )?;
+    // Installs componentize-py at the SDK's pin; the build runs the checkout's SDK sources
+    // (PYTHONPATH), so the installed copy of the SDK itself is never stale.
+    run(
+        Command::new(&python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+            ])
+            .arg(root.join("sdk/python")),
+        "pip install sdk/python",
+    )?;
+    std::fs::write(&marker, wanted).context("writing the virtualenv's marker")?;
+    Ok(python)
+}
+
+/// A node_modules with the JavaScript SDK installed as a user installs it (`npm install
+/// --install-links`, which copies the SDK and installs its pinned componentize-qjs), redone when
+/// the SDK's files change (npm's own cache makes that a few seconds). Returns the SDK's command.
+fn js_sdk_tools() -> Result<PathBuf> {
+    let sdk = workspace_root().join("sdk/js");
+    let wanted = fingerprint(&files_under(&sdk)?)?;
+    let dir = tool_cache()?.join("node");
+    let marker = dir.join("sdk.installed");
+    let command = dir.join("node_modules/.bin/switchyard-strategy");
+    if std::fs::read_to_string(&marker).ok().as_deref() == Some(wanted.as_str()) && command.exists()
+    {
+        return Ok(command);
+    }
+    eprintln!("==> JavaScript SDK tools into {}", dir.display());
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    std::fs::write(
+        dir.join("package.json"),
+        "{\"private\": true, \"description\": \"cargo xtask: the JavaScript SDK's tools\"}\n",
+    )
+    .context("writing the tools' package.json")?;
+    run(
+        Command::new("npm")
+            .args([
+                "install",
+                "--no-audit",
+                "--no-fund",
+                "--no-save",
+                "--loglevel=error",
+                "--install-links",
+            ])
+            .arg(&sdk)
+            .current_dir(&dir),
+        "npm install sdk/js (node and npm are needed to build the JavaScript example)",
+    )?;
+    std::fs::write(&marker, wanted).context("writing the node_modules' marker")?;
+    Ok(command)
+}
+
+/// Builds the Python and JavaScript `least_backlog` examples into `<target>/strategies-examples/`,
+/// each only when its inputs changed since the last build.
+fn build_sdk_examples(target_dir: &Path) -> Result<()> {
+    let root = workspace_root();
+    let out = target_dir.join("strategies-examples");
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+
+    let python = python_sdk_tools()?;
+    let source = root.join("strategies/examples/python/least_backlog.py");
+    let mut inputs = files_under(&root.join("sdk/python"))?;
+    inputs.push(source.clone());
+    build_example(&out.join("least_backlog_py.wasm"), &inputs, || {
+        run(
+            Command::new(&python)
+                .args(["-m", "switchyard_strategy", "build", "-q"])
+                .arg(&source)
+                .arg("-o")
+                .arg(out.join("least_backlog_py.wasm"))
+                .env("PYTHONPATH", root.join("sdk/python")),
+            "the Python example's build",
+        )
+    })?;
+
+    let js = js_sdk_tools()?;
+    let source = root.join("strategies/examples/js/least_backlog.js");
+    let mut inputs = files_under(&root.join("sdk/js"))?;
+    inputs.push(source.clone());
+    build_example(&out.join("least_backlog_js.wasm"), &inputs, || {
+        run(
+            Command::new(&js)
+                .args(["build", "-q"])
+                .arg(&source)
+                .arg("-o")
+                .arg(out.join("least_backlog_js.wasm")),
+            "the JavaScript example's build",
+        )
+    })?;
+    Ok(())
+}
+
+/// Runs `build` unless `dest` was built from the same `inputs` (recorded beside it).
+fn build_example(
+    dest: &Path,
+    inputs: &[PathBuf],
+    build: impl FnOnce() -> Result<()>,
+) -> Result<()> {
+    let key = fingerprint(inputs)?;
+    let recorded = dest.with_extension("inputs");
+    let started = std::time::Instant::now();
+    if dest.exists() && std::fs::read_to_string(&recorded).ok().as_deref() == Some(key.as_str()) {
+        eprintln!("{:>28} -> {} (unchanged)", "", dest.display());
+        return Ok(());
+    }
+    let _ = std::fs::remove_file(&recorded);
+    build()?;
+    check_component(dest)?;
+    std::fs::write(&recorded, key).with_context(|| format!("writing {}", recorded.display()))?;
+    let size = std::fs::metadata(dest).map(|m| m.len()).unwrap_or_default();
+    eprintln!(
+        "{:>28} -> {} ({size} bytes, {:.1} s)",
+        "",
+        dest.display(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// The Python SDK's unit tests (with the virtualenv's componentize-py, so the check that its
+/// records match the generated bindings runs) and the JavaScript SDK's, in Node.
+fn sdk_unit_tests() -> Result<()> {
+    let root = workspace_root();
+    let python = python_sdk_tools()?;
+    eprintln!("==> Python SDK unit tests");
+    run(
+        Command::new(&python)
+            .args(["-m", "unittest", "discover", "-s", "sdk/python/tests"])
+            .env("PYTHONPATH", root.join("sdk/python"))
+            .current_dir(&root),
+        "the Python SDK's unit tests",
+    )?;
+    eprintln!("==> JavaScript SDK unit tests");
+    run(
+        Command::new("node")
+            .args(["--test", "sdk/js/test/"])
+            .current_dir(&root),
+        "the JavaScript SDK's unit tests",
+    )
 }
 
 /// `rustup target add` is a no-op when the target is installed. Without rustup (a distro toolchain), the
