@@ -396,9 +396,12 @@ impl Listening {
         let Some(threads) = serving_threads else {
             return Ok(Self::Shared(tokio::net::TcpListener::bind(listen).await?));
         };
-        let addr = tokio::net::lookup_host(listen).await?.next().ok_or_else(|| {
-            std::io::Error::new(std::io::ErrorKind::NotFound, "no address to listen on")
-        })?;
+        let addr = tokio::net::lookup_host(listen)
+            .await?
+            .next()
+            .ok_or_else(|| {
+                std::io::Error::new(std::io::ErrorKind::NotFound, "no address to listen on")
+            })?;
         Ok(Self::PerCore(switchyard::server::listener::bind_shared(
             addr, threads,
         )?))
