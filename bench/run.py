@@ -55,7 +55,7 @@ TTFB_REQUESTS = 200 if QUICK else 1000
 IDLE_STREAMS = 10_000
 COMPLETION_TOKENS = 16
 PORTS = {"mock": 19101, "nginx": 19102, "switchyard": 19103, "slow_mock": 19104, "switchyard_per_core": 19105,
-         "switchyard_idle": 19106, "switchyard_fleet": 19107}
+         "switchyard_idle": 19106, "switchyard_fleet": 19107, "switchyard_shared": 19108}
 # The fleet gateway's Redis (its rate-limit counters live there): the machine's, started when silent.
 REDIS_URL = "redis://127.0.0.1:6379"
 # The CPU cost of idle client connections (issue #15): keep-alive connections after one request.
@@ -440,6 +440,14 @@ def main():
                                        stdout=subprocess.DEVNULL, env=env)
         procs.append(gw_per_core)
         wait_http(f"http://127.0.0.1:{PORTS['switchyard_per_core']}/health")
+        # The default thread count on the work-stealing runtime (the default before round three):
+        # what the per-core runtime is measured against.
+        (work / "bench-shared.yaml").write_text(gateway_config(work, "bench-shared.db"))
+        gw_shared = subprocess.Popen([binary, "serve", "--config", str(work / "bench-shared.yaml"),
+                                      "--listen", f"127.0.0.1:{PORTS['switchyard_shared']}", "--runtime", "shared"],
+                                     stdout=subprocess.DEVNULL, env=env)
+        procs.append(gw_shared)
+        wait_http(f"http://127.0.0.1:{PORTS['switchyard_shared']}/health")
         # A one-replica fleet: the same limits, decided in Redis (a Lua script per request).
         (work / "bench-fleet.yaml").write_text(gateway_config(work, "bench-fleet.db", fleet=True))
         gw_fleet = subprocess.Popen([binary, "serve", "--config", str(work / "bench-fleet.yaml"),
@@ -467,6 +475,9 @@ def main():
         runs.insert(len(targets), ("json", "switchyard fixed, thread per core",
                                    f"http://127.0.0.1:{PORTS['switchyard_per_core']}", "bench-fixed",
                                    [gw_per_core.pid]))
+        runs.insert(len(targets) + 1, ("json", "switchyard fixed, shared runtime",
+                                       f"http://127.0.0.1:{PORTS['switchyard_shared']}", "bench-fixed",
+                                       [gw_shared.pid]))
         # Translation: an Anthropic Messages client; the mock answers it directly in that protocol,
         # the gateway's bench-fixed route speaks OpenAI Chat to the same mock.
         runs += [(mode, name, base, model, pids) for mode in ("json", "stream") for name, base, model, pids in (

@@ -52,6 +52,13 @@ struct ConfigArg {
     config: PathBuf,
 }
 
+/// See `serve --runtime`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum RuntimeShape {
+    PerCore,
+    Shared,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Serve the gateway.
@@ -67,6 +74,12 @@ enum Command {
         /// per request.
         #[arg(long, env = "SWITCHYARD_WORKER_THREADS", value_parser = clap::value_parser!(u16).range(1..))]
         worker_threads: Option<u16>,
+        /// How the serving threads share work. `per-core`: each thread runs its own
+        /// single-threaded runtime and accepts on its own socket (`SO_REUSEPORT`), so a
+        /// connection's requests never hop between threads. `shared`: one work-stealing runtime
+        /// for every connection.
+        #[arg(long, env = "SWITCHYARD_RUNTIME", value_enum, default_value_t = RuntimeShape::PerCore)]
+        runtime: RuntimeShape,
     },
     /// Validate the config and strategies; print each model's router and routes.
     Check {
@@ -199,12 +212,28 @@ fn main() -> anyhow::Result<()> {
     };
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     runtime.enable_all();
+    let mut serving_threads = None;
     if let Command::Serve {
-        worker_threads: Some(n),
+        worker_threads,
+        runtime: shape,
         ..
     } = &cli.command
     {
-        runtime.worker_threads(usize::from(*n));
+        let threads = worker_threads.map_or_else(
+            || std::thread::available_parallelism().map_or(1, usize::from),
+            usize::from,
+        );
+        match shape {
+            // Requests run on the serving threads; this runtime keeps the background work
+            // (health checks, the request log's writer, the fleet), which needs one thread.
+            RuntimeShape::PerCore => {
+                runtime.worker_threads(1);
+                serving_threads = Some(threads);
+            }
+            RuntimeShape::Shared => {
+                runtime.worker_threads(threads);
+            }
+        }
     }
     let runtime = runtime.build().context("starting the async runtime")?;
     // Traces are exported by tasks on this runtime, and the OpenTelemetry layer is part of the
@@ -228,7 +257,7 @@ fn main() -> anyhow::Result<()> {
     };
     match cli.command {
         Command::Serve { listen, .. } => match served_config {
-            Some(config) => runtime.block_on(serve(config, listen, traces)),
+            Some(config) => runtime.block_on(serve(config, listen, serving_threads, traces)),
             None => bail!("serve: no config"),
         },
         Command::Check { config } => runtime.block_on(check(&config.config)),
@@ -275,9 +304,12 @@ fn load_config(path: &Path) -> anyhow::Result<Config> {
     Ok(Config::load(path)?)
 }
 
+/// `serving_threads`: serve on that many single-threaded runtimes (`--runtime per-core`); `None`
+/// serves on the current (work-stealing) runtime.
 async fn serve(
     config: Config,
     listen: Option<String>,
+    serving_threads: Option<usize>,
     traces: Option<telemetry::trace::Tracing>,
 ) -> anyhow::Result<()> {
     let max_connections = client_connection_cap(&config.server.edge);
@@ -313,7 +345,7 @@ async fn serve(
     gateway.spawn_ticker();
     gateway.spawn_health_checks();
     gateway.spawn_extension_tasks();
-    let listener = tokio::net::TcpListener::bind(&listen)
+    let listener = Listening::bind(&listen, serving_threads)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
     let addr = listener.local_addr()?;
@@ -346,7 +378,7 @@ async fn serve(
     if let Some(traces) = &traces {
         tracing::info!("exporting traces to {}", traces.endpoint());
     }
-    let signalled = serve_until_drained(listener, gateway.clone(), max_connections).await;
+    let signalled = serve_until_drained(listener, gateway.clone(), max_connections).await?;
     // The request log writes in intervals, the span exporter in batches: what the last interval
     // queued is written before exit, both at once.
     let request_log = async {
@@ -396,13 +428,46 @@ fn trace_exit_deadline(
 /// How long exit waits for the request log's last rows (a stuck database must not hold it).
 const REQUEST_LOG_EXIT_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// The gateway's listening sockets: one for the shared runtime, or one per serving thread.
+enum Listening {
+    Shared(tokio::net::TcpListener),
+    PerCore(Vec<std::net::TcpListener>),
+}
+
+impl Listening {
+    async fn bind(listen: &str, serving_threads: Option<usize>) -> std::io::Result<Self> {
+        let Some(threads) = serving_threads else {
+            return Ok(Self::Shared(tokio::net::TcpListener::bind(listen).await?));
+        };
+        let addr = tokio::net::lookup_host(listen)
+            .await?
+            .next()
+            .ok_or_else(|| {
+                std::io::Error::new(std::io::ErrorKind::NotFound, "no address to listen on")
+            })?;
+        Ok(Self::PerCore(switchyard::server::listener::bind_shared(
+            addr, threads,
+        )?))
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        match self {
+            Self::Shared(listener) => listener.local_addr(),
+            Self::PerCore(listeners) => listeners
+                .first()
+                .ok_or_else(|| std::io::Error::other("no listening socket"))?
+                .local_addr(),
+        }
+    }
+}
+
 /// Serves until SIGTERM (or Ctrl-C) and the drain that follows are over; returns when the
 /// signal came.
 async fn serve_until_drained(
-    listener: tokio::net::TcpListener,
+    listener: Listening,
     gateway: Arc<Gateway>,
     max_connections: usize,
-) -> Option<std::time::Instant> {
+) -> anyhow::Result<Option<std::time::Instant>> {
     let edge = gateway.config.server.edge.clone();
     let drain = gateway.drain.clone();
     let app = switchyard::server::router(gateway);
@@ -414,8 +479,18 @@ async fn serve_until_drained(
             let _ = signalled.set(std::time::Instant::now());
         }
     };
-    switchyard::server::listener::serve(listener, app, &edge, max_connections, drain, signal).await;
-    signalled.get().copied()
+    use switchyard::server::listener::{serve, serve_per_core};
+    match listener {
+        Listening::Shared(listener) => {
+            serve(listener, app, &edge, max_connections, drain, signal).await;
+        }
+        Listening::PerCore(listeners) => {
+            serve_per_core(listeners, app, &edge, max_connections, drain, signal)
+                .await
+                .context("starting the serving threads")?;
+        }
+    }
+    Ok(signalled.get().copied())
 }
 
 /// Connections the metrics-only listener holds at once: scrapers are few.

@@ -207,6 +207,8 @@ impl Serve {
         )
         .unwrap();
         let target = crate::harness::target_dir();
+        // Kept in a file: a process that exits before it announces itself says why there.
+        let log = dir.join(format!("{name}.log"));
         let mut child = Command::new(crate::harness::binary())
             .args(["serve", "--listen", "127.0.0.1:0", "--config"])
             .arg(&config)
@@ -214,7 +216,7 @@ impl Serve {
             .env("SWITCHYARD_BUILTIN_STRATEGIES", target.join("strategies"))
             .env_remove("SWITCHYARD_CONFIG")
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap();
         let mut line = String::new();
@@ -226,7 +228,14 @@ impl Serve {
             .rsplit(':')
             .next()
             .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("{name} did not announce its address: {line:?}"));
+            .unwrap_or_else(|| {
+                let _ = child.kill();
+                let status = child.wait();
+                panic!(
+                    "{name} did not announce its address: {line:?} ({status:?}); its log:\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                )
+            });
         Serve { port, child }
     }
 

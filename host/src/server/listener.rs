@@ -167,6 +167,52 @@ impl Drop for ConnectionSlot {
 /// What a connection over the cap is told before it is closed.
 const REFUSAL: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\nretry-after: 1\r\ncontent-type: application/json\r\ncontent-length: 87\r\n\r\n{\"error\":{\"message\":\"too many connections\",\"type\":\"service_unavailable\",\"code\":\"busy\"}}";
 
+/// What every accept loop of one listening address shares: the connection builder, the open
+/// connections (one cap across all loops) and the drain.
+#[derive(Clone)]
+struct Serving {
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    open: Arc<OpenConnections>,
+    drain: Arc<Drain>,
+    max_connections: usize,
+    header_read_timeout: Duration,
+    shutdown_grace: Duration,
+}
+
+impl Serving {
+    fn new(edge: &EdgeConfig, max_connections: usize, drain: Arc<Drain>) -> Self {
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(edge.header_read_timeout);
+        // HTTP/2 has no header timeout in hyper; pings find peers that went away.
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .keep_alive_interval(Some(Duration::from_secs(30)))
+            .keep_alive_timeout(Duration::from_secs(20));
+        Self {
+            builder: Arc::new(builder),
+            open: Arc::default(),
+            drain,
+            max_connections,
+            header_read_timeout: edge.header_read_timeout,
+            shutdown_grace: edge.shutdown_grace,
+        }
+    }
+
+    /// Waits for `shutdown`, then starts the drain every accept loop watches.
+    async fn drain_after(&self, shutdown: impl Future<Output = ()>) {
+        shutdown.await;
+        tracing::info!(
+            grace_seconds = self.shutdown_grace.as_secs_f64(),
+            "shutting down: draining in-flight requests"
+        );
+        self.drain.advance(Phase::Draining);
+    }
+}
+
 /// Serves `app` on `listener` until `shutdown` completes, then drains: `/health` answers 503,
 /// idle connections close, in-flight requests may run for `shutdown_grace`; then the streams still
 /// open end with an error event (see [`Drain::closing`]) and this returns.
@@ -178,23 +224,99 @@ pub async fn serve(
     drain: Arc<Drain>,
     shutdown: impl Future<Output = ()>,
 ) {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(edge.header_read_timeout);
-    // HTTP/2 has no header timeout in hyper; pings find peers that went away.
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .keep_alive_interval(Some(Duration::from_secs(30)))
-        .keep_alive_timeout(Duration::from_secs(20));
-    let builder = Arc::new(builder);
-    let open = Arc::new(OpenConnections::default());
-    let header_read_timeout = edge.header_read_timeout;
-    let mut shutdown = pin!(shutdown);
-    let mut draining = false;
-    let mut drained = pin!(drained(open.clone(), drain.clone(), edge.shutdown_grace));
+    let serving = Serving::new(edge, max_connections, drain);
+    let accepting = pin!(accept_loop(listener, app, serving.clone()));
+    let draining = pin!(serving.drain_after(shutdown));
+    // The loop ends only after the drain began, so the signal side is done by then.
+    futures::future::select(accepting, draining)
+        .await
+        .factor_first()
+        .1
+        .await;
+}
+
+/// Serves `app` with one single-threaded runtime per listener, each on its own thread, until
+/// `shutdown` completes, then drains like [`serve`]. The listeners share one address
+/// (`SO_REUSEPORT`, see [`bind_shared`]): the kernel spreads new connections over them, and a
+/// connection's requests, the strategy calls they make and their upstream sockets then stay on one
+/// thread, with no work stealing or wake-ups across threads for a request's few microseconds of
+/// work.
+pub async fn serve_per_core(
+    listeners: Vec<std::net::TcpListener>,
+    app: Router,
+    edge: &EdgeConfig,
+    max_connections: usize,
+    drain: Arc<Drain>,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    let serving = Serving::new(edge, max_connections, drain);
+    let mut finished = Vec::with_capacity(listeners.len());
+    for (n, listener) in listeners.into_iter().enumerate() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let (done, finished_rx) = tokio::sync::oneshot::channel::<()>();
+        let app = app.clone();
+        let serving = serving.clone();
+        std::thread::Builder::new()
+            .name(format!("switchyard-serve-{n}"))
+            .spawn(move || {
+                runtime.block_on(async move {
+                    match TcpListener::from_std(listener) {
+                        Ok(listener) => accept_loop(listener, app, serving).await,
+                        Err(e) => tracing::error!("serving thread {n} cannot listen: {e}"),
+                    }
+                });
+                // Tasks still running here (a connection past the drain's end) are dropped
+                // with the runtime, as the process exits anyway.
+                drop(runtime);
+                let _ = done.send(());
+            })?;
+        finished.push(finished_rx);
+    }
+    let mut all_finished = pin!(futures::future::join_all(finished));
+    tokio::select! {
+        _ = &mut all_finished => return Ok(()),
+        () = serving.drain_after(shutdown) => {}
+    }
+    all_finished.await;
+    Ok(())
+}
+
+/// `count` listening sockets bound to `addr` with `SO_REUSEPORT`, so each serving thread accepts on
+/// its own socket and the kernel balances connections between them. Port 0 picks one free port for
+/// all of them.
+pub fn bind_shared(addr: SocketAddr, count: usize) -> std::io::Result<Vec<std::net::TcpListener>> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let mut listeners = Vec::with_capacity(count.max(1));
+    let mut addr = addr;
+    for _ in 0..count.max(1) {
+        let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+        socket.set_reuse_address(true)?;
+        socket.set_reuse_port(true)?;
+        socket.set_nonblocking(true)?;
+        socket.bind(&addr.into())?;
+        socket.listen(1024)?;
+        let listener: std::net::TcpListener = socket.into();
+        // The first socket decided the port when 0 was asked for; the others join it.
+        addr = listener.local_addr()?;
+        listeners.push(listener);
+    }
+    Ok(listeners)
+}
+
+/// Accepts on `listener` until, after draining began, every connection of the address has closed
+/// (or the grace is over).
+async fn accept_loop(listener: TcpListener, app: Router, serving: Serving) {
+    let Serving {
+        builder,
+        open,
+        drain,
+        max_connections,
+        header_read_timeout,
+        shutdown_grace,
+    } = serving;
+    let mut drained = pin!(drained(open.clone(), drain.clone(), shutdown_grace));
     let mut accept_errors = AcceptErrors::default();
     loop {
         let (tcp, peer) = tokio::select! {
@@ -205,16 +327,7 @@ pub async fn serve(
                     continue;
                 }
             },
-            () = &mut shutdown, if !draining => {
-                tracing::info!(
-                    grace_seconds = edge.shutdown_grace.as_secs_f64(),
-                    "shutting down: draining in-flight requests"
-                );
-                draining = true;
-                drain.advance(Phase::Draining);
-                continue;
-            }
-            () = &mut drained, if draining => break,
+            () = &mut drained => break,
         };
         let Some(slot) = open.try_open(max_connections) else {
             refuse(tcp);

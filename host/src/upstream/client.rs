@@ -29,10 +29,16 @@ const ANTHROPIC_VERSION: &str = "2023-06-01";
 /// Parsed upstream URLs kept before the cache is cleared (routes change rarely; this only bounds it).
 const URL_CACHE_LIMIT: usize = 1024;
 
-/// The shared upstream HTTP client (connection pool per upstream host).
+/// The shared upstream HTTP client: a connection pool per upstream host and per thread.
 #[derive(Clone)]
 pub struct UpstreamClient {
-    http: reqwest::Client,
+    /// One client (and so one connection pool) per thread that sends. A pooled connection is driven
+    /// by a task on the runtime that opened it: shared between the per-core serving threads, every
+    /// reuse from another thread would cost two cross-thread wake-ups per request.
+    http: Arc<thread_local::ThreadLocal<reqwest::Client>>,
+    /// Built at start (so a bad setting fails there); the clients of the threads are its twins.
+    template: reqwest::Client,
+    connect_timeout: Duration,
     first_byte_timeout: Duration,
     request_timeout: Duration,
     /// Stream deadlines of upstreams that set none of their own.
@@ -48,19 +54,26 @@ pub struct UpstreamClient {
 
 impl UpstreamClient {
     pub fn new(config: &UpstreamClientConfig) -> Result<Self, reqwest::Error> {
-        let http = reqwest::Client::builder()
-            .connect_timeout(config.connect_timeout)
-            .pool_idle_timeout(Duration::from_secs(90))
-            .tcp_nodelay(true)
-            .build()?;
+        let template = build_http(config.connect_timeout)?;
         Ok(Self {
-            http,
+            http: Arc::default(),
+            template,
+            connect_timeout: config.connect_timeout,
             first_byte_timeout: config.first_byte_timeout,
             request_timeout: config.request_timeout,
             stream_deadlines: config.stream_deadlines,
             max_body_bytes: config.max_body_bytes,
             max_event_bytes: config.max_event_bytes,
             urls: Arc::default(),
+        })
+    }
+
+    /// This thread's client.
+    fn http(&self) -> &reqwest::Client {
+        self.http.get_or(|| {
+            // The template's settings built once already; should this thread's copy fail anyway
+            // (out of file descriptors for its resolver, say), it shares the template's pool.
+            build_http(self.connect_timeout).unwrap_or_else(|_| self.template.clone())
         })
     }
 
@@ -89,8 +102,8 @@ impl UpstreamClient {
         trace: Option<&crate::telemetry::trace::TraceHeaders>,
     ) -> Result<reqwest::Response, AttemptError> {
         let request = match self.parsed(url) {
-            Some(parsed) => self.http.post(parsed),
-            None => self.http.post(url),
+            Some(parsed) => self.http().post(parsed),
+            None => self.http().post(url),
         };
         let mut request = request
             .header(reqwest::header::CONTENT_TYPE, "application/json")
@@ -152,6 +165,14 @@ impl UpstreamClient {
         .await
         .map_err(|_| AttemptError::Timeout(self.request_timeout))?
     }
+}
+
+fn build_http(connect_timeout: Duration) -> Result<reqwest::Client, reqwest::Error> {
+    reqwest::Client::builder()
+        .connect_timeout(connect_timeout)
+        .pool_idle_timeout(Duration::from_secs(90))
+        .tcp_nodelay(true)
+        .build()
 }
 
 /// The body chunk by chunk, stopping at `limit` bytes: past it, the first `limit` bytes when
