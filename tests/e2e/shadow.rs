@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::harness::{Gateway, Mock, binary, chat_body, component, serve_refuses, target_dir};
+use crate::harness::{
+    Gateway, Mock, binary, chat_body, check, component, serve_refuses, target_dir,
+};
 
 const ADMIN_TOKEN: &str = "shadow-admin-token";
 
@@ -154,6 +156,10 @@ async fn a_trapping_or_endless_shadow_never_touches_a_request() {
         "server:\n  admin_token: {ADMIN_TOKEN}\nstrategies:\n  dir: {}\n  call_timeout_ms: 10\nmodels:\n  - id: trapped\n    router: round_robin\n    router_shadow: test-trap-on-select\n{routes}  - id: looping\n    router: round_robin\n    router_shadow: test-spin-forever\n{routes}",
         gw_dir.path().display()
     ));
+    // The shadows come from `strategies.dir`, which loads after the gateway listens.
+    for model in ["trapped", "looping"] {
+        routing_until(&gw, model, |m| m["shadow"].is_object()).await;
+    }
     const N: u64 = 6;
     for _ in 0..N {
         for model in ["trapped", "looping"] {
@@ -209,10 +215,13 @@ fn shadow_params_are_checked_against_the_shadow_strategy_at_startup() {
             && stderr.contains("skip_open_circuit"),
         "{stderr}"
     );
-    let stderr = serve_refuses(
+    // A shadow strategy that is not there yet may come with `strategies.dir`, which loads after
+    // the gateway listens: `serve` starts without it (like a pending model), `check` refuses.
+    let out = check(
         "models:\n  - id: chat\n    router: fixed\n    router_shadow: no_such_strategy\n    route:\n      - kind: openai_compat\n        base_url: http://127.0.0.1:9/v1\n",
-        &[],
     );
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("models[0] (chat).router_shadow: unknown strategy `no_such_strategy`"),
         "{stderr}"

@@ -126,15 +126,20 @@ impl ModelTable {
                 }
             };
             let routes = upstream_table(&model.upstreams);
-            let shadow = new_shadow(
-                &model,
-                routes.clone(),
-                &at,
-                engine,
-                catalog,
-                table.shadow_queue,
-            )
-            .await;
+            let shadow = match &model.shadow {
+                // A shadow from `strategies.dir`, which loads after the gateway listens: the
+                // rebuild that follows the load starts it.
+                Some(s)
+                    if absent == Absent::Waits
+                        && strategy_named(&s.router, "router_shadow", &at, catalog).is_err() =>
+                {
+                    Ok(None)
+                }
+                _ => {
+                    let queue = table.shadow_queue;
+                    new_shadow(&model, routes.clone(), &at, engine, catalog, queue).await
+                }
+            };
             match (
                 new_router(&model, strategy, routes, &at, engine).await,
                 shadow,
@@ -223,12 +228,16 @@ impl ModelTable {
                 }
             };
             // The shadow is kept (with its state) on the same terms as the router.
+            // A shadow that could not start before (its strategy was absent) is tried again.
             let same_shadow = self.models.get(&model.id).filter(|old| {
                 old.config.shadow == model.shadow
-                    && old.shadow.as_ref().is_none_or(|s| {
-                        strategy_named(&s.router.strategy.name, "router_shadow", &at, catalog)
-                            .is_ok_and(|now| Arc::ptr_eq(&s.router.strategy, &now))
-                    })
+                    && match &old.shadow {
+                        Some(s) => {
+                            strategy_named(&s.router.strategy.name, "router_shadow", &at, catalog)
+                                .is_ok_and(|now| Arc::ptr_eq(&s.router.strategy, &now))
+                        }
+                        None => model.shadow.is_none(),
+                    }
             });
             let shadow = match same_shadow {
                 Some(old) => {
