@@ -941,8 +941,15 @@ async fn yaml_routes_and_the_warning_for_open_non_loopback_serving() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    // Let it start, then stop it and read what it logged.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Once it announces its address it has warned (the warnings come first); then stop it and
+    // read what it logged. A loaded machine may take seconds to get there: no fixed sleep.
+    let mut out = out;
+    let mut announced = String::new();
+    if let Some(stdout) = out.stdout.take() {
+        use std::io::BufRead;
+        let _ = std::io::BufReader::new(stdout).read_line(&mut announced);
+    }
+    assert!(announced.contains("listening on"), "{announced:?}");
     let _ = std::process::Command::new("kill")
         .args(["-TERM", &out.id().to_string()])
         .status();
