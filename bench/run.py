@@ -440,11 +440,11 @@ def main():
                                        stdout=subprocess.DEVNULL, env=env)
         procs.append(gw_per_core)
         wait_http(f"http://127.0.0.1:{PORTS['switchyard_per_core']}/health")
-        # The default thread count on the work-stealing runtime (the default before round three):
-        # what the per-core runtime is measured against.
+        # The default thread count on single-threaded runtimes, one per thread (`--runtime per-core`),
+        # beside the default work-stealing one.
         (work / "bench-shared.yaml").write_text(gateway_config(work, "bench-shared.db"))
         gw_shared = subprocess.Popen([binary, "serve", "--config", str(work / "bench-shared.yaml"),
-                                      "--listen", f"127.0.0.1:{PORTS['switchyard_shared']}", "--runtime", "shared"],
+                                      "--listen", f"127.0.0.1:{PORTS['switchyard_shared']}", "--runtime", "per-core"],
                                      stdout=subprocess.DEVNULL, env=env)
         procs.append(gw_shared)
         wait_http(f"http://127.0.0.1:{PORTS['switchyard_shared']}/health")
@@ -475,7 +475,7 @@ def main():
         runs.insert(len(targets), ("json", "switchyard fixed, thread per core",
                                    f"http://127.0.0.1:{PORTS['switchyard_per_core']}", "bench-fixed",
                                    [gw_per_core.pid]))
-        runs.insert(len(targets) + 1, ("json", "switchyard fixed, shared runtime",
+        runs.insert(len(targets) + 1, ("json", "switchyard fixed, per-core runtimes",
                                        f"http://127.0.0.1:{PORTS['switchyard_shared']}", "bench-fixed",
                                        [gw_shared.pid]))
         # Translation: an Anthropic Messages client; the mock answers it directly in that protocol,
