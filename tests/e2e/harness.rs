@@ -314,31 +314,26 @@ impl Gateway {
     /// `GET /health/deep` with the admin token (it is behind the admin rule unless
     /// `routing.public_health_deep` is set); panics unless it answers 200.
     pub async fn deep(&self, admin_token: &str) -> serde_json::Value {
-        let response = reqwest::Client::new()
-            .get(self.url("/health/deep"))
-            .bearer_auth(admin_token)
-            .send()
-            .await
-            .expect("gateway reachable");
-        let status = response.status().as_u16();
-        let text = response.text().await.expect("body");
-        assert_eq!(status, 200, "/health/deep answered {status}: {text}");
+        let text = self.admin_get("/health/deep", admin_token).await;
         serde_json::from_str(&text).expect("/health/deep is JSON")
     }
-}
 
-impl Gateway {
     /// `GET /metrics` on the main listener with the admin token; panics unless it answers 200.
     pub async fn metrics(&self, admin_token: &str) -> String {
+        self.admin_get("/metrics", admin_token).await
+    }
+
+    /// `GET path` with the admin token; the body, after a panic naming the path unless it is 200.
+    async fn admin_get(&self, path: &str, admin_token: &str) -> String {
         let response = reqwest::Client::new()
-            .get(self.url("/metrics"))
+            .get(self.url(path))
             .bearer_auth(admin_token)
             .send()
             .await
             .expect("gateway reachable");
         let status = response.status().as_u16();
         let text = response.text().await.expect("body");
-        assert_eq!(status, 200, "/metrics answered {status}: {text}");
+        assert_eq!(status, 200, "{path} answered {status}: {text}");
         text
     }
 }
