@@ -5,6 +5,12 @@
 //! inference grant is `grant:<id>`; an anonymous caller is `ip:<bucket>`, where IPv6 collapses to
 //! its /64 (rotating privacy addresses stay on one backend) and IPv4 is the address. The client IP
 //! is the socket's peer, or comes from `X-Forwarded-For` only when the peer is a trusted proxy.
+//!
+//! The key leaves the process (fleet affinity announcements, key-pool stickiness), so an API key
+//! appears in it only as SHA-256, computed once per request. The 64-bit hash strategies get is
+//! XXH3 of the key with a fixed seed: a specified algorithm, so every replica and version computes
+//! the same value, at a fraction of a second SHA-256's cost; it is never stored or compared with a
+//! secret.
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
@@ -22,14 +28,14 @@ pub struct Caller {
     pub hash: u64,
 }
 
+/// Seed of the callers' 64-bit hash: fixed, so the hash is the same on every replica.
+const CALLER_HASH_SEED: u64 = 0x5377_6974_6368_7964;
+
 impl Caller {
     fn from_key(key: String) -> Caller {
-        let digest = Sha256::digest(key.as_bytes());
-        let mut first = [0u8; 8];
-        first.copy_from_slice(&digest[..8]);
         Caller {
+            hash: xxhash_rust::xxh3::xxh3_64_with_seed(key.as_bytes(), CALLER_HASH_SEED),
             key: Some(key.into()),
-            hash: u64::from_le_bytes(first),
         }
     }
 }
@@ -132,6 +138,26 @@ mod tests {
             !a.key.as_deref().unwrap().contains("sk-abc"),
             "keys are hashed"
         );
+    }
+
+    #[test]
+    fn the_caller_hash_is_the_same_on_every_replica_and_version() {
+        // Strategies hash callers onto upstreams; replicas of a fleet, and a gateway after an
+        // upgrade, must agree. Pinned values: a change here remaps every caller.
+        let v4 = identify(&HeaderMap::new(), peer("192.0.2.7"), &[]);
+        assert_eq!(v4.hash, 0x9e84_bb71_4da6_066a);
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer sk-abc"),
+        );
+        let keyed = identify(&h, peer("10.0.0.1"), &[]);
+        // The key is SHA-256 of the API key (it leaves the process); the hash is XXH3 of the key.
+        assert_eq!(
+            keyed.key.as_deref(),
+            Some("key:1460db1b6902f8b1fc2a40d9381a24d0")
+        );
+        assert_eq!(keyed.hash, 0xbe8d_8357_b9cd_e087);
     }
 
     #[test]
