@@ -39,7 +39,7 @@ pub enum BuildError {
     Routes(#[from] ModelTableError),
     /// The upstream HTTP client could not be built.
     #[error("upstream client: {0}")]
-    Http(#[from] reqwest::Error),
+    Http(#[from] crate::upstream::ClientBuildError),
     /// `strategies.record` cannot write its file.
     #[error(transparent)]
     Record(#[from] crate::strategy::record::RecordError),

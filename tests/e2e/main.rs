@@ -44,4 +44,5 @@ mod strategies_run;
 mod strategy_sdks;
 mod stream_deadlines;
 mod traces;
+mod upstream_transport;
 mod wit_versions;

@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use futures::StreamExt;
+use http_body_util::BodyDataStream;
 
 use crate::config::{ModelUpstream, StreamDeadlines};
 use crate::protocol::inbound::Inbound;
@@ -13,7 +14,7 @@ use crate::protocol::rename::ModelRename;
 use crate::protocol::{Dialect, sse};
 use crate::telemetry::trace::TraceHeaders;
 
-use super::client::describe;
+use super::client::{UpstreamResponse, describe};
 use super::redact::Redactor;
 use super::relay::{EventStream, StreamClock, StreamRelay, StreamSummary};
 use super::request::{chat_body, embeddings_body, endpoint, upstream_dialect};
@@ -181,7 +182,7 @@ impl<'a> Attempt<'a> {
     /// the model the upstream named.
     async fn complete(
         &self,
-        response: reqwest::Response,
+        response: UpstreamResponse,
         dialect: Dialect,
         inbound: &Inbound,
     ) -> Result<(Bytes, ir::Usage, String), AttemptError> {
@@ -209,19 +210,19 @@ impl<'a> Attempt<'a> {
     /// is the attempt's and can still fall back.
     async fn open_stream<S: AttemptSink>(
         self,
-        response: reqwest::Response,
+        response: UpstreamResponse,
         dialect: Dialect,
         inbound: &Inbound,
         deadlines: StreamDeadlines,
         sink: S,
     ) -> Result<ChatAnswer, AttemptError> {
         let events = sse::events(
-            Box::pin(response.bytes_stream()),
+            Box::pin(BodyDataStream::new(response.into_body())),
             self.client.max_event_bytes,
         )
         .map(|read| {
             read.map_err(|e| match e {
-                sse::ReadError::Body(e) => AttemptError::Transport(describe(&e)),
+                sse::ReadError::Body(e) => AttemptError::Transport(describe(&*e)),
                 sse::ReadError::TooLarge(e) => AttemptError::ResponseTooLarge {
                     what: "a stream event (upstream.max_event_kib)",
                     limit: e.limit,

@@ -1,10 +1,25 @@
 //! The pooled HTTP client every attempt sends through, with its timeouts.
+//!
+//! Attempts go out through hyper-util's pooled client directly. reqwest wraps the same client and
+//! cost ~8,500 instructions more per request (a redirect layer it always installs, the URL parsed
+//! again into its own types and back); it stays only for a gateway whose environment names a proxy
+//! (`HTTPS_PROXY` and friends), which reqwest implements and hyper does not.
 
 use std::collections::HashMap;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use http::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use http::{Request, Uri};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client as PooledClient;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use parking_lot::RwLock;
 
 use crate::config::{StreamDeadlines, UpstreamClientConfig};
@@ -29,15 +44,77 @@ const ANTHROPIC_VERSION: &str = "2023-06-01";
 /// Parsed upstream URLs kept before the cache is cleared (routes change rarely; this only bounds it).
 const URL_CACHE_LIMIT: usize = 1024;
 
+/// How long an idle pooled connection is kept.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// The environment variables reqwest reads its proxies from (either case).
+const PROXY_VARIABLES: [&str; 3] = ["HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY"];
+
+type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
+
+/// One thread's way out: hyper's pooled client, or reqwest when the environment names a proxy.
+#[derive(Clone)]
+enum Transport {
+    /// Boxed: the pooled client is large and lives once per thread.
+    Direct(Box<PooledClient<Connector, Full<Bytes>>>),
+    Proxied(reqwest::Client),
+}
+
+/// An upstream's answer: status, headers and a body still to read.
+pub type UpstreamResponse = http::Response<UpstreamBody>;
+
+/// The body of an upstream's answer, whichever transport carried it.
+pub enum UpstreamBody {
+    Direct(Incoming),
+    Proxied(reqwest::Body),
+}
+
+/// A transport error while a body is read.
+pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        match self.get_mut() {
+            UpstreamBody::Direct(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
+            UpstreamBody::Proxied(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            UpstreamBody::Direct(body) => body.is_end_stream(),
+            UpstreamBody::Proxied(body) => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            UpstreamBody::Direct(body) => body.size_hint(),
+            UpstreamBody::Proxied(body) => body.size_hint(),
+        }
+    }
+}
+
+/// Why the upstream client could not be built.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ClientBuildError(#[from] reqwest::Error);
+
 /// The shared upstream HTTP client: a connection pool per upstream host and per thread.
 #[derive(Clone)]
 pub struct UpstreamClient {
     /// One client (and so one connection pool) per thread that sends. A pooled connection is driven
     /// by a task on the runtime that opened it: shared between the per-core serving threads, every
     /// reuse from another thread would cost two cross-thread wake-ups per request.
-    http: Arc<thread_local::ThreadLocal<reqwest::Client>>,
+    http: Arc<thread_local::ThreadLocal<Transport>>,
     /// Built at start (so a bad setting fails there); the clients of the threads are its twins.
-    template: reqwest::Client,
+    template: Transport,
     connect_timeout: Duration,
     first_byte_timeout: Duration,
     request_timeout: Duration,
@@ -49,12 +126,19 @@ pub struct UpstreamClient {
     pub(super) max_event_bytes: usize,
     /// Upstream URLs already parsed: a route's URL is the same string on every call, and parsing
     /// it showed in profiles under load.
-    urls: Arc<RwLock<HashMap<String, reqwest::Url>>>,
+    urls: Arc<RwLock<HashMap<String, Target>>>,
+}
+
+/// An upstream URL as sent: the URI without its user information, which becomes Basic auth.
+#[derive(Clone)]
+struct Target {
+    uri: Uri,
+    basic_auth: Option<HeaderValue>,
 }
 
 impl UpstreamClient {
-    pub fn new(config: &UpstreamClientConfig) -> Result<Self, reqwest::Error> {
-        let template = build_http(config.connect_timeout)?;
+    pub fn new(config: &UpstreamClientConfig) -> Result<Self, ClientBuildError> {
+        let template = build_transport(config.connect_timeout)?;
         Ok(Self {
             http: Arc::default(),
             template,
@@ -68,28 +152,37 @@ impl UpstreamClient {
         })
     }
 
+    /// Whether attempts leave through a proxy the environment names (reqwest), not hyper directly.
+    pub fn proxied(&self) -> bool {
+        matches!(self.template, Transport::Proxied(_))
+    }
+
     /// This thread's client.
-    fn http(&self) -> &reqwest::Client {
+    fn http(&self) -> &Transport {
         self.http.get_or(|| {
-            // The template's settings built once already; should this thread's copy fail anyway
-            // (out of file descriptors for its resolver, say), it shares the template's pool.
-            build_http(self.connect_timeout).unwrap_or_else(|_| self.template.clone())
+            // The template's settings built once already; should this thread's copy fail anyway,
+            // it shares the template's pool.
+            build_transport(self.connect_timeout).unwrap_or_else(|_| self.template.clone())
         })
     }
 
-    /// `url` parsed, from the cache when it was seen before. `None` when it does not parse; the
-    /// caller then hands reqwest the string, which reports the error as before.
-    fn parsed(&self, url: &str) -> Option<reqwest::Url> {
+    /// `url` parsed, from the cache when it was seen before.
+    fn parsed(&self, url: &str) -> Result<Target, AttemptError> {
         if let Some(parsed) = self.urls.read().get(url) {
-            return Some(parsed.clone());
+            return Ok(parsed.clone());
         }
-        let parsed = reqwest::Url::parse(url).ok()?;
+        let parsed = target(url).ok_or_else(|| {
+            AttemptError::Transport(format!(
+                "invalid upstream URL `{}`",
+                super::redact::url(url)
+            ))
+        })?;
         let mut urls = self.urls.write();
         if urls.len() >= URL_CACHE_LIMIT {
             urls.clear();
         }
         urls.insert(url.to_owned(), parsed.clone());
-        Some(parsed)
+        Ok(parsed)
     }
 
     /// POSTs a JSON body and waits for the response headers. A non-2xx answer is an error carrying
@@ -100,14 +193,10 @@ impl UpstreamClient {
         auth: UpstreamAuth<'_>,
         body: Vec<u8>,
         trace: Option<&crate::telemetry::trace::TraceHeaders>,
-    ) -> Result<reqwest::Response, AttemptError> {
-        let request = match self.parsed(url) {
-            Some(parsed) => self.http().post(parsed),
-            None => self.http().post(url),
-        };
-        let mut request = request
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(body);
+    ) -> Result<UpstreamResponse, AttemptError> {
+        let target = self.parsed(url)?;
+        let mut request = Request::post(target.uri)
+            .header(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         // The upstream's logs can then be joined with ours.
         if let Some(value) =
             crate::telemetry::request_id::current().and_then(|id| id.header_value())
@@ -118,26 +207,35 @@ impl UpstreamClient {
             request = request.header(name, value);
         }
         match auth {
-            UpstreamAuth::Bearer(Some(key)) => request = request.bearer_auth(key),
+            UpstreamAuth::Bearer(Some(key)) => {
+                request = request.header(AUTHORIZATION, secret_header(&format!("Bearer {key}"))?);
+            }
             UpstreamAuth::Anthropic(key) => {
                 request = request.header("anthropic-version", ANTHROPIC_VERSION);
                 if let Some(key) = key {
-                    request = request.header("x-api-key", key);
+                    request = request.header("x-api-key", secret_header(key)?);
                 }
             }
             UpstreamAuth::Bearer(None) => {}
         }
-        let response = tokio::time::timeout(self.first_byte_timeout, request.send())
-            .await
-            .map_err(|_| AttemptError::Timeout(self.first_byte_timeout))?
+        if let Some(basic) = target.basic_auth
+            && !matches!(auth, UpstreamAuth::Bearer(Some(_)))
+        {
+            request = request.header(AUTHORIZATION, basic);
+        }
+        let request = request
+            .body(Bytes::from(body))
             .map_err(|e| AttemptError::Transport(describe(&e)))?;
+        let response = tokio::time::timeout(self.first_byte_timeout, self.send(request))
+            .await
+            .map_err(|_| AttemptError::Timeout(self.first_byte_timeout))??;
         let status = response.status();
         if status.is_success() {
             return Ok(response);
         }
         let retry_after = response
             .headers()
-            .get(reqwest::header::RETRY_AFTER)
+            .get(RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
             .and_then(parse_retry_after);
         // Only as much as is kept: an error body can be as large as the upstream likes.
@@ -156,8 +254,27 @@ impl UpstreamClient {
         })
     }
 
+    async fn send(&self, request: Request<Bytes>) -> Result<UpstreamResponse, AttemptError> {
+        match self.http() {
+            Transport::Direct(client) => client
+                .request(request.map(Full::new))
+                .await
+                .map(|r| r.map(UpstreamBody::Direct))
+                .map_err(|e| AttemptError::Transport(describe(&e))),
+            Transport::Proxied(client) => {
+                let request = reqwest::Request::try_from(request)
+                    .map_err(|e| AttemptError::Transport(describe(&e)))?;
+                client
+                    .execute(request)
+                    .await
+                    .map(|r| http::Response::from(r).map(UpstreamBody::Proxied))
+                    .map_err(|e| AttemptError::Transport(describe(&e)))
+            }
+        }
+    }
+
     /// Reads a whole (non-streaming) body within the request timeout and the body limit.
-    pub async fn read_body(&self, response: reqwest::Response) -> Result<Bytes, AttemptError> {
+    pub async fn read_body(&self, response: UpstreamResponse) -> Result<Bytes, AttemptError> {
         tokio::time::timeout(
             self.request_timeout,
             read_limited(response, self.max_body_bytes, false),
@@ -167,19 +284,92 @@ impl UpstreamClient {
     }
 }
 
-fn build_http(connect_timeout: Duration) -> Result<reqwest::Client, reqwest::Error> {
-    reqwest::Client::builder()
-        .connect_timeout(connect_timeout)
-        .pool_idle_timeout(Duration::from_secs(90))
-        .tcp_nodelay(true)
-        .build()
+/// `url` as a URI to send to, with `user:password@` (as reqwest read it) turned into Basic auth.
+fn target(url: &str) -> Option<Target> {
+    let mut parsed = url::Url::parse(url).ok()?;
+    if !matches!(parsed.scheme(), "http" | "https") || parsed.host().is_none() {
+        return None;
+    }
+    let basic_auth = if parsed.username().is_empty() && parsed.password().is_none() {
+        None
+    } else {
+        let decode = |s: &str| {
+            percent_encoding::percent_decode_str(s)
+                .decode_utf8_lossy()
+                .into_owned()
+        };
+        let user = decode(parsed.username());
+        let password = parsed.password().map(decode).unwrap_or_default();
+        use base64::Engine as _;
+        let encoded =
+            base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+        let mut value = HeaderValue::from_str(&format!("Basic {encoded}")).ok()?;
+        value.set_sensitive(true);
+        parsed.set_username("").ok()?;
+        parsed.set_password(None).ok()?;
+        Some(value)
+    };
+    Some(Target {
+        uri: Uri::try_from(parsed.as_str()).ok()?,
+        basic_auth,
+    })
+}
+
+/// A credential as a header value, marked sensitive (left out of the HTTP stack's debug output).
+/// A key with bytes a header cannot carry fails the attempt without quoting the key.
+fn secret_header(value: &str) -> Result<HeaderValue, AttemptError> {
+    let mut header = HeaderValue::from_str(value).map_err(|_| {
+        AttemptError::Transport("the upstream credential is not a valid header value".into())
+    })?;
+    header.set_sensitive(true);
+    Ok(header)
+}
+
+/// Whether the environment names a proxy (the variables reqwest reads, either case).
+fn proxy_configured() -> bool {
+    PROXY_VARIABLES.iter().any(|name| {
+        [name.to_string(), name.to_ascii_lowercase()]
+            .iter()
+            .any(|v| std::env::var_os(v).is_some_and(|v| !v.is_empty()))
+    })
+}
+
+fn build_transport(connect_timeout: Duration) -> Result<Transport, ClientBuildError> {
+    if proxy_configured() {
+        return Ok(Transport::Proxied(
+            reqwest::Client::builder()
+                .connect_timeout(connect_timeout)
+                .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+                .tcp_nodelay(true)
+                // As the direct client: an upstream's redirect is relayed as its answer.
+                .redirect(reqwest::redirect::Policy::none())
+                .build()?,
+        ));
+    }
+    let mut http = HttpConnector::new();
+    http.set_connect_timeout(Some(connect_timeout));
+    http.set_nodelay(true);
+    // `https` URLs are the TLS layer's to accept.
+    http.enforce_http(false);
+    let tls = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_webpki_roots()
+        .https_or_http()
+        .enable_http1()
+        .enable_http2()
+        .wrap_connector(http);
+    Ok(Transport::Direct(Box::new(
+        PooledClient::builder(TokioExecutor::new())
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .pool_timer(TokioTimer::new())
+            .build(tls),
+    )))
 }
 
 /// The body chunk by chunk, stopping at `limit` bytes: past it, the first `limit` bytes when
 /// `keep_head`, else a [`AttemptError::ResponseTooLarge`]. A declared length past the limit fails
 /// before anything is read.
 async fn read_limited(
-    mut response: reqwest::Response,
+    response: UpstreamResponse,
     limit: usize,
     keep_head: bool,
 ) -> Result<Bytes, AttemptError> {
@@ -187,7 +377,8 @@ async fn read_limited(
         what: "the answer (upstream.max_body_mib)",
         limit,
     };
-    let declared = response.content_length().unwrap_or(0);
+    let mut body = response.into_body();
+    let declared = body.size_hint().exact().unwrap_or(0);
     if !keep_head && declared > limit as u64 {
         return Err(too_large);
     }
@@ -196,11 +387,12 @@ async fn read_limited(
     let mut first: Option<Bytes> = None;
     let mut joined: Vec<u8> = Vec::new();
     let mut len = 0;
-    while let Some(mut chunk) = response
-        .chunk()
-        .await
-        .map_err(|e| AttemptError::Transport(describe(&e)))?
-    {
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| AttemptError::Transport(describe(&*e)))?;
+        // Trailers carry nothing an answer needs.
+        let Ok(mut chunk) = frame.into_data() else {
+            continue;
+        };
         let full = len + chunk.len() > limit;
         if full {
             if !keep_head {
@@ -246,10 +438,10 @@ pub fn parse_retry_after(value: &str) -> Option<Duration> {
     )
 }
 
-/// reqwest's Display hides the cause ("error sending request"); the chain says what happened.
-pub(super) fn describe(e: &reqwest::Error) -> String {
+/// The clients' Display hides the cause ("client error (Connect)"); the chain says what happened.
+pub(super) fn describe(e: &(dyn std::error::Error + 'static)) -> String {
     let mut text = e.to_string();
-    let mut source = std::error::Error::source(e);
+    let mut source = e.source();
     while let Some(s) = source {
         text.push_str(": ");
         text.push_str(&s.to_string());
@@ -261,4 +453,40 @@ pub(super) fn describe(e: &reqwest::Error) -> String {
 fn truncate(body: &[u8]) -> String {
     let text = String::from_utf8_lossy(&body[..body.len().min(ERROR_BODY_LIMIT)]);
     text.trim().to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn user_information_leaves_the_uri_for_basic_auth() {
+        let t = target("https://alice:pa%20ss@api.example:8443/v1/chat/completions").unwrap();
+        assert_eq!(
+            t.uri.to_string(),
+            "https://api.example:8443/v1/chat/completions"
+        );
+        let basic = t.basic_auth.unwrap();
+        assert!(basic.is_sensitive());
+        // base64("alice:pa ss")
+        assert_eq!(basic.to_str().unwrap(), "Basic YWxpY2U6cGEgc3M=");
+
+        let plain = target("http://127.0.0.1:9000/v1/embeddings").unwrap();
+        assert_eq!(plain.uri.to_string(), "http://127.0.0.1:9000/v1/embeddings");
+        assert!(plain.basic_auth.is_none());
+    }
+
+    #[test]
+    fn only_http_urls_with_a_host_are_targets() {
+        for bad in ["ftp://host/v1", "unix:/tmp/sock", "not a url", "http://"] {
+            assert!(target(bad).is_none(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn credentials_that_a_header_cannot_carry_fail_without_quoting_them() {
+        let e = secret_header("sk-line\nbreak").unwrap_err();
+        assert!(!e.to_string().contains("sk-line"), "{e}");
+        assert!(secret_header("sk-fine").unwrap().is_sensitive());
+    }
 }

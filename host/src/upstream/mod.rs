@@ -15,7 +15,7 @@ mod relay;
 mod request;
 
 pub use attempt::{Attempt, AttemptEnd, AttemptSink, ChatAnswer};
-pub use client::{UpstreamAuth, UpstreamClient, parse_retry_after};
+pub use client::{ClientBuildError, UpstreamAuth, UpstreamClient, parse_retry_after};
 pub use error::AttemptError;
 pub use relay::{EventStream, StreamSummary};
 pub use request::upstream_dialect;
