@@ -257,7 +257,8 @@ pub async fn handle(
     let serve = async {
         match endpoint {
             Endpoint::ChatCompletions | Endpoint::Responses | Endpoint::Messages => {
-                serve_chat(
+                // Boxed once here, so the handler's future (moved by axum and hyper) stays small.
+                Box::pin(serve_chat(
                     &gateway,
                     dialect,
                     &admission,
@@ -265,11 +266,19 @@ pub async fn handle(
                     &headers,
                     body,
                     &trace,
-                )
+                ))
                 .await
             }
             Endpoint::Embeddings => {
-                serve_embeddings(&gateway, &admission, &extensions, &headers, &body, &trace).await
+                Box::pin(serve_embeddings(
+                    &gateway,
+                    &admission,
+                    &extensions,
+                    &headers,
+                    &body,
+                    &trace,
+                ))
+                .await
             }
             Endpoint::CountTokens => count_tokens(&gateway, &admission, &body).await,
             Endpoint::Models => {
@@ -607,7 +616,7 @@ async fn serve_chat(
         ..admission.log_row()
     };
     waiting.dispatching(base.decision.clone(), &attempts);
-    let result = dispatch::chat(
+    let result = Box::pin(dispatch::chat(
         gateway.upstreams(),
         &gateway.routing,
         caller.key,
@@ -616,7 +625,7 @@ async fn serve_chat(
         plan,
         &attempts,
         trace,
-    )
+    ))
     .await;
     waiting.answered();
     let public = inbound.request.model.as_str();

@@ -132,7 +132,8 @@ impl ModelRouter {
     ) -> Result<tokio::sync::MutexGuard<'_, Option<LiveInstance>>, StrategyError> {
         let mut slot = self.instance.lock().await;
         if slot.is_none() {
-            let live = self.instantiate().await?;
+            // Boxed: the rare re-creation would otherwise size every call's future.
+            let live = Box::pin(self.instantiate()).await?;
             self.stats.resets.fetch_add(1, Ordering::Relaxed);
             if !self.shadow {
                 telemetry::strategy_reset(&self.model_id, &self.strategy.name);
@@ -274,10 +275,12 @@ impl ModelRouter {
         };
         let name = call.name(live.guest.version());
         arm(&mut live.store, deadline);
-        let result = bounded(
+        // Boxed: wasmtime's call future is kilobytes, and inline it sized the future of every
+        // request's selection.
+        let result = Box::pin(bounded(
             deadline,
             live.guest.call(&mut live.store, live.router, call),
-        )
+        ))
         .await;
         self.settle(&mut slot, name, result)
     }

@@ -184,7 +184,9 @@ impl<C: Call> Dispatch<'_, C> {
         let ledger = self.ledger.open(position, upstream, admitted, hedge, trace);
         let credential = self.ledger.plan.credential.as_deref();
         let attempt = Attempt::new(self.client, upstream, credential).with_trace(trace_headers);
-        self.call.send(attempt, ledger).await
+        // Boxed: an attempt's future (the HTTP exchange, the stream's opening) is the largest of
+        // the request path, and inline it sized every future above it.
+        Box::pin(self.call.send(attempt, ledger)).await
     }
 
     /// Every step consults the breaker, so a circuit that opened since selection is skipped here
@@ -265,7 +267,11 @@ impl<C: Call> Dispatch<'_, C> {
             };
             let waited = Instant::now();
             let step = match hedge.take() {
-                Some(h) => self.hedged(position, admitted, h, &mut excluded).await,
+                // Boxed, as the other large futures of the request path: a future holds its
+                // largest await inline, and an inline hedge (rare) made every request's future
+                // kilobytes larger, copied at every level on the way up (`memcpy` was a fifth of
+                // a request's instructions in callgrind).
+                Some(h) => Box::pin(self.hedged(position, admitted, h, &mut excluded)).await,
                 None => Step {
                     position,
                     result: self.attempt(position, admitted, false).await,
