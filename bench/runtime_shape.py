@@ -3,7 +3,7 @@
 `--runtime per-core` at the same thread count, and one thread, behind the same mock, alternating
 rounds so a machine whose speed drifts moves every shape alike.
 
-    python3 bench/runtime_shape.py [--skip-build] [--rounds N] [--seconds S] [--clients C]
+    python3 bench/runtime_shape.py [--skip-build] [--binary PATH] [--rounds N] [--seconds S] [--clients C]
 
 Prints req/s and the gateway's CPU µs per non-streaming request (from /proc/<pid>/stat) per round,
 then the medians. Reuses bench/run.py's mock, config and wrk driver.
@@ -27,7 +27,7 @@ def main():
     rounds, seconds, clients = arg("--rounds", 3), arg("--seconds", 5), arg("--clients", 32)
     run.DURATION = seconds
     run.ensure_tools()
-    binary = run.build()
+    binary = Path(arg("--binary", "")) if "--binary" in sys.argv else run.build()
     env = dict(os.environ, RUST_LOG="warn", ROUTING_AFFINITY_ENABLED="0", SWITCHYARD_DEFAULT_AUTH="disabled",
                SWITCHYARD_BUILTIN_STRATEGIES=str(run.target_dir() / "strategies"))
     work = Path(tempfile.mkdtemp(prefix="switchyard-shape-"))

@@ -74,14 +74,16 @@ enum Command {
         /// per request.
         #[arg(long, env = "SWITCHYARD_WORKER_THREADS", value_parser = clap::value_parser!(u16).range(1..))]
         worker_threads: Option<u16>,
-        /// How the serving threads share work. `shared`: one work-stealing runtime for every
-        /// connection. `per-core`: each thread runs its own single-threaded runtime and accepts
-        /// on its own socket (`SO_REUSEPORT`), so a connection's requests never hop between
-        /// threads. Measured on a 2-core machine shared with the load generator
-        /// (bench/runtime_shape.py): with one thread per-core served 13 % more requests with 8 %
-        /// less CPU each; with two, 12 % fewer requests for 3 % less CPU, so `shared` stays the
-        /// default until a dedicated machine says otherwise.
-        #[arg(long, env = "SWITCHYARD_RUNTIME", value_enum, default_value_t = RuntimeShape::Shared)]
+        /// How the serving threads share work. `per-core` (the default): each thread runs its own
+        /// single-threaded runtime and accepts on its own socket (`SO_REUSEPORT`), so a
+        /// connection's requests, its upstream connections and its strategy calls never hop
+        /// between threads. `shared`: one work-stealing runtime for every connection, which can
+        /// move work off a descheduled thread. Measured on a 2-core machine shared with the load
+        /// generator (bench/runtime_shape.py, medians of 4 alternating rounds): per-core spent
+        /// 12 % less CPU per request with one thread and 4 % less with two, and served 11 % more
+        /// requests with one and 10 % fewer with two (a thread cannot take another's
+        /// connections); see docs/performance.md.
+        #[arg(long, env = "SWITCHYARD_RUNTIME", value_enum, default_value_t = RuntimeShape::PerCore)]
         runtime: RuntimeShape,
     },
     /// Validate the config and strategies; print each model's router and routes.
