@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""The serving runtime's shape, measured alone: `--runtime shared` (the default) against
-`--runtime per-core` at the same thread count, and one thread, behind the same mock, alternating
+"""The serving runtime's shape, measured alone: `--runtime per-core` (the default) against
+`--runtime shared` at the same thread count, and one thread, behind the same mock, alternating
 rounds so a machine whose speed drifts moves every shape alike.
 
     python3 bench/runtime_shape.py [--skip-build] [--binary PATH] [--rounds N] [--seconds S] [--clients C]
@@ -31,10 +31,10 @@ def main():
     env = dict(os.environ, RUST_LOG="warn", ROUTING_AFFINITY_ENABLED="0", SWITCHYARD_DEFAULT_AUTH="disabled",
                SWITCHYARD_BUILTIN_STRATEGIES=str(run.target_dir() / "strategies"))
     work = Path(tempfile.mkdtemp(prefix="switchyard-shape-"))
-    per_core = ["--runtime", "per-core"]
-    shapes = {"per-core": (per_core, {}), "shared (default)": ([], {}),
+    per_core, shared = ["--runtime", "per-core"], ["--runtime", "shared"]
+    shapes = {"per-core (default)": (per_core, {}), "shared": (shared, {}),
               "one thread, per-core": (per_core, {"SWITCHYARD_WORKER_THREADS": "1"}),
-              "one thread, shared": ([], {"SWITCHYARD_WORKER_THREADS": "1"})}
+              "one thread, shared": (shared, {"SWITCHYARD_WORKER_THREADS": "1"})}
     procs, gateways = [], {}
     try:
         mock = subprocess.Popen([binary, "mock-upstream", "--port", str(run.PORTS["mock"]),
