@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Instructions the gateway spends per request, by kind of request and strategy (callgrind).
 
-Run: `python3 bench/callgrind.py [--skip-build] [--binary PATH] [--requests N] [--repeat N]` (needs
+Run: `python3 bench/callgrind.py [--skip-build] [--binary PATH] [--requests N] [--repeat N]
+[--port-base N]` (needs
 valgrind; installs it from Debian packages when missing). It starts `switchyard mock-upstream`
 natively and the release gateway under `valgrind --tool=callgrind --instr-atstart=no`, warms each
 phase up with instrumentation off, then counts a fixed number of sequential requests per phase with
@@ -43,13 +44,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run as bench  # noqa: E402  (shares build, config and request bodies with the suite)
 
 ROOT = bench.ROOT
-PORT_MOCK, PORT_GW = 19201, 19203
-
-
 def arg(name, default):
     if name in sys.argv:
         return sys.argv[sys.argv.index(name) + 1]
     return default
+
+
+# `--port-base N`: the mock on N, the gateway on N + 2 (another benchmark may hold the defaults).
+PORT_MOCK = int(arg("--port-base", "19201"))
+PORT_GW = PORT_MOCK + 2
 
 
 REQUESTS = int(arg("--requests", "1000"))
