@@ -79,11 +79,14 @@ PORTKEY_VERSION = "1.15.2"
 # answers 500 (Portkey appends headers to the upstream's immutable ones, which those versions keep).
 PORTKEY_OVERRIDES = {"hono": "4.9.7", "@hono/node-server": "1.13.5", "@hono/node-ws": "1.2.0"}
 # The newest whose `proxy` extra resolves on the registry this project reaches: later ones pin
-# litellm-proxy-extras releases (and a litellm-proxy package) that are not there.
-LITELLM_VERSION = "1.108.0"
+# litellm-enterprise and litellm-proxy-extras releases (and a litellm-proxy package) that are not there.
+LITELLM_VERSION = "1.108.7"
 LITELLM_VENV = Path.home() / ".cache" / "switchyard" / "bench-peers" / "litellm-venv"
 # A peer that takes longer than this to answer its first health check has failed to start.
 PEER_START_S = 180
+# wrk leaves answers slower than its timeout (2 s by default) out of its latency figures and counts
+# them as errors; a peer at 256 clients answers in seconds, and its p50 would read 0.
+WRK_TIMEOUT_S = 30
 # The fleet gateway's Redis (its rate-limit counters live there): the machine's, started when silent.
 REDIS_URL = "redis://127.0.0.1:6379"
 # The CPU cost of idle client connections (issue #15): keep-alive connections after one request.
@@ -223,7 +226,8 @@ def wrk(url, payload, concurrency, script_dir, headers=None):
     )
     threads = min(2, concurrency)
     out = subprocess.run(
-        ["wrk", f"-t{threads}", f"-c{concurrency}", f"-d{DURATION}s", "--latency", "-s", str(lua), url],
+        ["wrk", f"-t{threads}", f"-c{concurrency}", f"-d{DURATION}s", f"--timeout={WRK_TIMEOUT_S}s", "--latency",
+         "-s", str(lua), url],
         check=True, capture_output=True, text=True,
     ).stdout
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
