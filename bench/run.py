@@ -4,7 +4,19 @@ plain reverse proxy (proxy_pass with upstream keepalive), with the same load gen
 
 Run: `python3 bench/run.py` (installs wrk and nginx from Debian packages when missing, builds the
 release binary and the strategies). `--quick` runs 3 s per point instead of 10 s and leaves the
-README alone; `--skip-build` uses the binary already built.
+README alone; `--skip-build` uses the binary already built (from `$CARGO_TARGET_DIR`, else `target/`).
+
+Peer gateways get rows in the same tables, behind the same mock, with the same requests and load
+(each checked with one request first; its CPU is summed over every process of its session):
+  * the Portkey gateway (npm `@portkey-ai/gateway`, pinned), installed under
+    `<target>/bench-peers/portkey` when missing and run with Node; `--skip-peers` leaves peers out;
+  * the LiteLLM proxy (PyPI `litellm[proxy]`, pinned) only with `--litellm`, as its install takes
+    minutes: a venv in `~/.cache/switchyard/bench-peers/litellm-venv`, outside the clone;
+  * `--peers-only` measures only direct, nginx and the peers (no gateway started; with
+    `--skip-build` no cargo either), for a quick look at the peer rows; it writes
+    bench/results/peers-latest.json and .md and leaves latest.* alone. E.g.
+    `CARGO_TARGET_DIR=… python3 bench/run.py --skip-build --peers-only --quick [--litellm]`.
+`--port-base N` moves every port the suite listens on by the same offset (from 19101).
 
 It measures, in one run:
   * non-streaming and streaming requests at 1, 32 and 256 clients: direct, nginx, and the gateway
@@ -37,12 +49,14 @@ import os
 import platform
 import re
 import resource
+import secrets
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -55,7 +69,29 @@ TTFB_REQUESTS = 200 if QUICK else 1000
 IDLE_STREAMS = 10_000
 COMPLETION_TOKENS = 16
 PORTS = {"mock": 19101, "nginx": 19102, "switchyard": 19103, "slow_mock": 19104, "switchyard_one_thread": 19105,
-         "switchyard_idle": 19106, "switchyard_fleet": 19107, "switchyard_shared": 19108}
+         "switchyard_idle": 19106, "switchyard_fleet": 19107, "switchyard_shared": 19108, "portkey": 19109,
+         "litellm": 19110}
+# `--port-base N` moves every port by the same offset (another benchmark may hold the defaults).
+if "--port-base" in sys.argv:
+    _offset = int(sys.argv[sys.argv.index("--port-base") + 1]) - PORTS["mock"]
+    PORTS = {name: port + _offset for name, port in PORTS.items()}
+SKIP_PEERS = "--skip-peers" in sys.argv
+PEERS_ONLY = "--peers-only" in sys.argv
+LITELLM = "--litellm" in sys.argv
+PORTKEY_VERSION = "1.15.2"
+# Portkey's release of that version (its lock file, its Node 20 image) serves with these; npm would
+# resolve the package's open ranges to newer ones, and with @hono/node-server >= 1.14 every stream
+# answers 500 (Portkey appends headers to the upstream's immutable ones, which those versions keep).
+PORTKEY_OVERRIDES = {"hono": "4.9.7", "@hono/node-server": "1.13.5", "@hono/node-ws": "1.2.0"}
+# The newest whose `proxy` extra resolves on the registry this project reaches: later ones pin
+# litellm-enterprise and litellm-proxy-extras releases (and a litellm-proxy package) that are not there.
+LITELLM_VERSION = "1.108.7"
+LITELLM_VENV = Path.home() / ".cache" / "switchyard" / "bench-peers" / "litellm-venv"
+# A peer that takes longer than this to answer its first health check has failed to start.
+PEER_START_S = 180
+# wrk leaves answers slower than its timeout (2 s by default) out of its latency figures and counts
+# them as errors; a peer at 256 clients answers in seconds, and its p50 would read 0.
+WRK_TIMEOUT_S = 30
 # The fleet gateway's Redis (its rate-limit counters live there): the machine's, started when silent.
 REDIS_URL = "redis://127.0.0.1:6379"
 # The CPU cost of idle client connections (issue #15): keep-alive connections after one request.
@@ -104,11 +140,17 @@ def sh(*args, **kw):
     return subprocess.run(args, check=True, **kw)
 
 
-def ensure_tools():
-    missing = [t for t in ("wrk", "nginx") if shutil.which(t) is None and not Path("/usr/sbin/" + t).exists()]
+def ensure_tools(redis=True):
+    wanted = {"wrk": "wrk", "nginx": "nginx"}
+    if not SKIP_PEERS:
+        wanted.update(node="nodejs", npm="npm")
+    missing = [pkg for tool, pkg in wanted.items()
+               if shutil.which(tool) is None and not Path("/usr/sbin/" + tool).exists()]
     if missing:
         sh("apt-get", "update", "-qq")
         sh("apt-get", "install", "-y", "-qq", *missing)
+    if not redis:
+        return
     ping = ["redis-cli", "-h", "127.0.0.1", "-p", "6379", "ping"]
     if subprocess.run(ping, capture_output=True).returncode != 0:
         sh("redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "--port", "6379", "--save", "")
@@ -179,15 +221,19 @@ def machine():
     return f"{platform.node()} ({os.cpu_count()} cores, {cpu}, Linux {platform.release()})"
 
 
-def wrk(url, payload, concurrency, script_dir):
+def wrk(url, payload, concurrency, script_dir, headers=None):
+    """`headers` are sent with every request besides the content type (a peer's routing headers)."""
     lua = script_dir / "wrk.lua"
+    # JSON string literals are valid Lua string literals for the ASCII text used here.
+    extra = "".join(f"wrk.headers[{json.dumps(k)}] = {json.dumps(v)}\n" for k, v in (headers or {}).items())
     lua.write_text(
         'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
-        f"wrk.body = {json.dumps(payload)}\n"
+        f"{extra}wrk.body = {json.dumps(payload)}\n"
     )
     threads = min(2, concurrency)
     out = subprocess.run(
-        ["wrk", f"-t{threads}", f"-c{concurrency}", f"-d{DURATION}s", "--latency", "-s", str(lua), url],
+        ["wrk", f"-t{threads}", f"-c{concurrency}", f"-d{DURATION}s", f"--timeout={WRK_TIMEOUT_S}s", "--latency",
+         "-s", str(lua), url],
         check=True, capture_output=True, text=True,
     ).stdout
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
@@ -200,11 +246,17 @@ def wrk(url, payload, concurrency, script_dir):
             + (sum(int(g) for g in socket_errors.groups()) if socket_errors else 0)}
 
 
-def count_events(url, payload):
+def count_events(url, payload, headers=None):
     """SSE `data:` events in one answer, to say what a 'stream' is in the tables."""
-    req = urllib.request.Request(url, data=payload.encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return sum(1 for line in r.read().decode().splitlines() if line.startswith("data:"))
+    return len(sse_data(url, payload, headers))
+
+
+def sse_data(url, payload, headers=None):
+    """The `data:` payloads of one streamed answer, in order."""
+    req = urllib.request.Request(url, data=payload.encode(),
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return [line[5:].strip() for line in r.read().decode().splitlines() if line.startswith("data:")]
 
 
 def ttfb(host, port, path, payload, n):
@@ -364,6 +416,261 @@ http {{
 """
 
 
+
+def start_nginx(work, nginx_bin):
+    """Starts nginx from a config in `work`; returns its worker pids (the ones that proxy)."""
+    (work / "nginx.conf").write_text(nginx_config(work))
+    sh(nginx_bin, "-c", str(work / "nginx.conf"), "-p", str(work))
+    time.sleep(0.5)
+    master = int((work / "nginx.pid").read_text())
+    return [int(p) for p in subprocess.run(["pgrep", "-P", str(master)], capture_output=True, text=True).stdout.split()]
+
+
+def stop_nginx(work, nginx_bin):
+    if (work / "nginx.pid").exists():
+        subprocess.run([nginx_bin, "-c", str(work / "nginx.conf"), "-p", str(work), "-s", "stop"], timeout=30)
+
+
+def start_group(cmd, log, env, groups, cwd=None):
+    """Starts a peer in a session of its own: a Node or Python server may fork workers, and the
+    session lets them be counted (CPU) and stopped together with it. The process joins `groups` at
+    once, so the caller's `finally` stops it whatever fails after."""
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([str(c) for c in cmd], stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True)
+    groups.append(proc)
+    return proc
+
+
+def session_pids(sid):
+    """Every live process of session `sid` (a peer and all it forked)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # exited meanwhile
+            continue
+        if int(fields[3]) == sid:
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def stop_group(proc, timeout=15):
+    """SIGTERM to the peer's whole process group, then SIGKILL to whatever is left of it."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        pass
+    # Workers can outlive their parent's exit; the group id stays theirs.
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout)
+
+
+def log_tail(log, lines=40):
+    try:
+        return "\n".join(Path(log).read_text(errors="replace").splitlines()[-lines:])
+    except OSError as e:
+        return f"(no log: {e})"
+
+
+def wait_peer(name, proc, url, log, timeout=PEER_START_S):
+    """Like `wait_http`, but stops waiting as soon as the peer exits, and shows its log on failure."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {proc.returncode} before answering {url}\n"
+                               f"--- {log} (tail) ---\n{log_tail(log)}")
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return
+        except Exception:
+            time.sleep(0.5)
+    raise RuntimeError(f"{name} did not answer {url} within {timeout} s\n--- {log} (tail) ---\n{log_tail(log)}")
+
+
+def check_peer_answers(peer):
+    """One request before the load: a peer that answers errors would otherwise show only as an
+    error count after minutes of load. Fails with the peer's log tail."""
+    url = peer["base"] + "/v1/chat/completions"
+    req = urllib.request.Request(url, data=body(peer["model"]).encode(),
+                                 headers={"Content-Type": "application/json", **peer["headers"]})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            status, answer = r.status, r.read()
+    except urllib.error.HTTPError as e:
+        status, answer = e.code, e.read()
+    except OSError as e:
+        status, answer = None, repr(e).encode()
+    try:
+        choices = json.loads(answer).get("choices")
+    except (ValueError, AttributeError):
+        choices = None
+    if status != 200 or not choices:
+        raise RuntimeError(f"{peer['name']} answered {status}: {answer[:500]!r}\n"
+                           f"--- {peer['log']} (tail) ---\n{log_tail(peer['log'])}")
+
+
+def check_peer_streams(peer, events_direct):
+    """Whether a streamed answer comes through whole (every event of the mock's, then [DONE]);
+    only then does the peer get streaming rows. Returns a note when it does not."""
+    try:
+        data = sse_data(peer["base"] + "/v1/chat/completions", body(peer["model"], True), peer["headers"])
+    except Exception as e:  # noqa: BLE001 - reported in the table's intro
+        return f"its streaming failed ({e})"
+    if not data or data[-1] != "[DONE]":
+        return f"its stream did not end with [DONE] ({len(data)} events)"
+    if len(data) != events_direct:
+        return f"its stream had {len(data)} events where the mock sends {events_direct}"
+    return None
+
+
+def install_portkey():
+    """Installs the pinned Portkey gateway under the target dir (never committed) when it is
+    missing or pinned differently there; returns its Node server script."""
+    prefix = target_dir() / "bench-peers" / "portkey"
+    manifest = json.dumps({"private": True, "dependencies": {"@portkey-ai/gateway": PORTKEY_VERSION},
+                           "overrides": PORTKEY_OVERRIDES}, indent=2) + "\n"
+    server = prefix / "node_modules" / "@portkey-ai" / "gateway" / "build" / "start-server.js"
+    package = prefix / "package.json"
+    if not server.exists() or not package.exists() or package.read_text() != manifest:
+        prefix.mkdir(parents=True, exist_ok=True)
+        package.write_text(manifest)
+        print(f"installing @portkey-ai/gateway@{PORTKEY_VERSION} in {prefix}", flush=True)
+        sh("npm", "install", "--prefix", str(prefix), "--no-audit", "--no-fund", timeout=900)
+    installed = json.loads((server.parent.parent / "package.json").read_text())["version"]
+    if installed != PORTKEY_VERSION:
+        raise RuntimeError(f"{prefix} holds @portkey-ai/gateway {installed}, not {PORTKEY_VERSION}")
+    return server
+
+
+def start_portkey(work, groups):
+    server = install_portkey()
+    port = PORTS["portkey"]
+    log = work / "portkey.log"
+    # `--headless` leaves out the web console and its log stream. The CLI has no host flag: it
+    # listens on every interface; the load goes to loopback.
+    proc = start_group(["node", server, f"--port={port}", "--headless"], log, dict(os.environ), groups)
+    node = subprocess.run(["node", "--version"], capture_output=True, text=True, timeout=30).stdout.strip().lstrip("v")
+    peer = {"name": f"portkey gateway {PORTKEY_VERSION} (node {node})", "proc": proc, "log": log,
+            "base": f"http://127.0.0.1:{port}", "model": "sim",
+            # The OpenAI provider with its base URL replaced by the mock's; the key is never checked.
+            "headers": {"x-portkey-provider": "openai",
+                        "x-portkey-custom-host": f"http://127.0.0.1:{PORTS['mock']}/v1",
+                        "Authorization": "Bearer sk-bench"},
+            "how": f"Portkey gateway {PORTKEY_VERSION} (npm `@portkey-ai/gateway`; hono and @hono/node-server at "
+                   f"the versions of its release's lock file, as newer ones break its streams) as one Node {node} "
+                   "process (`--headless`), sent to the mock by the headers `x-portkey-provider: openai` and "
+                   "`x-portkey-custom-host`; it holds the first chunk of every stream for 25 ms (a timer in its "
+                   "stream reader), which bounds its one-client stream rate"}
+    wait_peer(peer["name"], proc, peer["base"] + "/", log)
+    return peer
+
+
+def installed_litellm(python):
+    if not python.exists():
+        return None
+    probe = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('litellm'))"],
+                           capture_output=True, text=True, timeout=60)
+    return probe.stdout.strip() if probe.returncode == 0 else None
+
+
+def install_litellm():
+    """The pinned LiteLLM proxy in a venv under ~/.cache (its install takes minutes and hundreds of
+    MiB, so it outlives a clone); returns its `litellm` command."""
+    python = LITELLM_VENV / "bin" / "python"
+    if installed_litellm(python) != LITELLM_VERSION:
+        print(f"installing litellm[proxy]=={LITELLM_VERSION} in {LITELLM_VENV}", flush=True)
+        if not python.exists():
+            sh(sys.executable, "-m", "venv", str(LITELLM_VENV), timeout=300)
+        sh(python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+           f"litellm[proxy]=={LITELLM_VERSION}", timeout=1800)
+    return LITELLM_VENV / "bin" / "litellm"
+
+
+def litellm_config(master_key):
+    # One model on the mock through LiteLLM's OpenAI provider (the mock never checks the key).
+    # The proxy refuses to start without a strong master key, so each run makes one and the load
+    # sends it: the check is part of what LiteLLM costs as deployed.
+    return f"""model_list:
+  - model_name: sim
+    litellm_params:
+      model: openai/sim
+      api_base: http://127.0.0.1:{PORTS['mock']}/v1
+      api_key: sk-bench
+general_settings:
+  master_key: {master_key}
+"""
+
+
+def litellm_env():
+    # No database and no cache: LiteLLM would pick either up from these and log spend per request.
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "REDIS_HOST")}
+    env.update(
+        # The price list bundled with the package, not a download at import, which retries with
+        # back-off where only the package registries are reachable.
+        LITELLM_LOCAL_MODEL_COST_MAP="True",
+        LITELLM_TELEMETRY_DISABLED="True",
+        # Also uvicorn's level: no access-log line per request (nginx and the gateway write none).
+        LITELLM_LOG="ERROR",
+    )
+    return env
+
+
+def start_litellm(work, groups):
+    litellm = install_litellm()
+    port = PORTS["litellm"]
+    config = work / "litellm.yaml"
+    master_key = "sk-" + secrets.token_hex(32)
+    config.write_text(litellm_config(master_key))
+    log = work / "litellm.log"
+    proc = start_group([litellm, "--config", config, "--host", "127.0.0.1", "--port", str(port),
+                        "--num_workers", "1"], log, litellm_env(), groups, cwd=work)
+    python = subprocess.run([LITELLM_VENV / "bin" / "python", "--version"], capture_output=True, text=True,
+                            timeout=60).stdout.split()[-1]
+    peer = {"name": f"litellm {LITELLM_VERSION} (python {python})", "proc": proc, "log": log,
+            "base": f"http://127.0.0.1:{port}", "model": "sim", "headers": {"Authorization": f"Bearer {master_key}"},
+            "how": f"LiteLLM proxy {LITELLM_VERSION} (PyPI `litellm[proxy]`, Python {python}) started as "
+                   "`litellm --config … --num_workers 1` with one model `openai/sim` on the mock, a master key "
+                   "(it refuses to start without one) and no database"}
+    wait_peer(peer["name"], proc, peer["base"] + "/health/liveliness", log)
+    return peer
+
+
+def start_peers(work, events_direct, groups):
+    """Starts and checks the peers this run measures; their processes go into `groups`."""
+    if SKIP_PEERS:
+        return []
+    peers = []
+    for start in [start_portkey] + ([start_litellm] if LITELLM else []):
+        peer = start(work, groups)
+        check_peer_answers(peer)
+        peer["stream_note"] = check_peer_streams(peer, events_direct)
+        # Read once the peer serves: its workers are forked by then.
+        peer["pids"] = session_pids(peer["proc"].pid)
+        peers.append(peer)
+        print(f"peer   {peer['name']}: pids {peer['pids']}" +
+              (f"; no stream rows: {peer['stream_note']}" if peer["stream_note"] else ""), flush=True)
+    return peers
+
+
+def peer_runs(peers):
+    """(mode, name, base, model, pids, headers) for each peer, streaming only where it streams."""
+    runs = [("json", p["name"], p["base"], p["model"], p["pids"], p["headers"]) for p in peers]
+    return runs, [("stream", *r[1:]) for r, p in zip(runs, peers) if not p["stream_note"]]
+
+
+def peers_summary(peers):
+    return [{"name": p["name"], "how": p["how"], "pids": len(p["pids"]), "stream_note": p["stream_note"]}
+            for p in peers]
+
+
 def gateway_config(work, db="bench.db", fleet=False):
     upstream = f"http://127.0.0.1:{PORTS['mock']}/v1"
     models = ""
@@ -396,6 +703,69 @@ def gateway_config(work, db="bench.db", fleet=False):
     return f"database:\n  url: sqlite://{work}/{db}\n{fleet_section}{routes}models:\n{models}"
 
 
+def start_mock(binary, env):
+    return subprocess.Popen([binary, "mock-upstream", "--port", str(PORTS["mock"]),
+                             "--completion-tokens", str(COMPLETION_TOKENS)], stdout=subprocess.DEVNULL, env=env)
+
+
+def base_targets(mock_url, nginx_workers):
+    """(name, base URL, model, pids) of the references every other row is compared with."""
+    return [("direct", mock_url, "sim", []),
+            ("nginx", f"http://127.0.0.1:{PORTS['nginx']}", "sim", nginx_workers)]
+
+
+def measure(work, mode, name, base, model, pids, headers):
+    """One target at each client count: wrk's figures and the CPU its processes spent per request."""
+    dialect = "anthropic" if "anthropic" in name else "openai"
+    path = "/v1/messages" if dialect == "anthropic" else "/v1/chat/completions"
+    rows = []
+    for c in CONCURRENCY:
+        before = sum(cpu_seconds(p) for p in pids)
+        r = wrk(base + path, body(model, mode == "stream", dialect), c, work, headers)
+        after = sum(cpu_seconds(p) for p in pids)
+        # A peer slower than the window (LiteLLM streams at 256 clients) may finish no answer in it;
+        # a CPU figure per request is then undefined, not the whole window's CPU.
+        r.update(mode=mode, target=name, concurrency=c, dialect=dialect,
+                 cpu_us_per_request=(after - before) * 1e6 / r["requests"] if pids and r["requests"] else None)
+        rows.append(r)
+        settle(pids)
+        print(f"{mode:6} {name:34} c={c:<4} {r['rps']:9.0f} req/s  p50 {r['p50_ms']:.3f} ms  "
+              f"p99 {r['p99_ms']:.3f} ms"
+              + (f"  cpu {r['cpu_us_per_request']:.1f} us/req" if r["cpu_us_per_request"] is not None else "")
+              + (f"  ERRORS {r['errors']}" if r["errors"] else "")
+              + ("" if r["requests"] else "  NO ANSWER COMPLETED"), flush=True)
+    return rows
+
+
+def settle(pids, idle_share=0.05, window_s=0.2, timeout_s=30):
+    """Waits until `pids` use less than `idle_share` of a core: a proxy slower than the load
+    (a peer at 256 clients) is still working through queued requests when wrk stops, and would
+    take the cores from the next point's measurement."""
+    deadline = time.time() + timeout_s
+    while pids and time.time() < deadline:
+        before = sum(cpu_seconds(p) for p in pids)
+        time.sleep(window_s)
+        if sum(cpu_seconds(p) for p in pids) - before < idle_share * window_s:
+            return
+    if pids:
+        print(f"       still busy {timeout_s} s after the load stopped; measuring on", flush=True)
+
+
+def stop_all(procs, groups, work, nginx_bin):
+    # The peers first: requests still queued in them would otherwise meet a stopped mock.
+    for g in groups:
+        stop_group(g)
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    stop_nginx(work, nginx_bin)
+    for p in procs:
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(10)
+
+
 def main():
     ensure_tools()
     fd_limit = raise_fd_limit()
@@ -406,12 +776,11 @@ def main():
     work = Path(tempfile.mkdtemp(prefix="switchyard-bench-"))
     nginx_bin = shutil.which("nginx") or "/usr/sbin/nginx"
     procs = []
+    groups = []  # the peers, each stopped as a process group
     results = []
     extra = {}
     try:
-        mock = subprocess.Popen([binary, "mock-upstream", "--port", str(PORTS["mock"]),
-                                 "--completion-tokens", str(COMPLETION_TOKENS)], stdout=subprocess.DEVNULL, env=env)
-        procs.append(mock)
+        procs.append(start_mock(binary, env))
         # Idle streams: the first event at once, then a token every 100 s.
         slow = subprocess.Popen([binary, "mock-upstream", "--port", str(PORTS["slow_mock"]),
                                  "--completion-tokens", str(COMPLETION_TOKENS), "--tokens-per-s", "0.01"],
@@ -421,12 +790,7 @@ def main():
         wait_http(mock_url + "/health")
         wait_http(f"http://127.0.0.1:{PORTS['slow_mock']}/health")
 
-        (work / "nginx.conf").write_text(nginx_config(work))
-        sh(nginx_bin, "-c", str(work / "nginx.conf"), "-p", str(work))
-        time.sleep(0.5)
-        nginx_pid = int((work / "nginx.pid").read_text())
-        nginx_workers = [int(p) for p in
-                         subprocess.run(["pgrep", "-P", str(nginx_pid)], capture_output=True, text=True).stdout.split()]
+        nginx_workers = start_nginx(work, nginx_bin)
 
         (work / "bench.yaml").write_text(gateway_config(work))
         gw = subprocess.Popen([binary, "serve", "--config", str(work / "bench.yaml"),
@@ -461,44 +825,37 @@ def main():
         models_loaded = len(STRATEGIES) * IDLE_MODELS_PER_STRATEGY + 2  # + bench-slow, bench-anthropic
 
         chat, messages = "/v1/chat/completions", "/v1/messages"
-        targets = [
-            ("direct", mock_url, "sim", []),
-            ("nginx", f"http://127.0.0.1:{PORTS['nginx']}", "sim", nginx_workers),
-        ] + [(f"switchyard {s}", gw_url, f"bench-{s}", [gw.pid]) for s in STRATEGIES] + [
+        events = {
+            "openai": count_events(mock_url + chat, body("sim", True)),
+            "anthropic": count_events(mock_url + messages, body("sim", True, "anthropic")),
+        }
+        peers = start_peers(work, events["openai"], groups)
+        extra["peers"] = peers_summary(peers)
+        peer_json, peer_stream = peer_runs(peers)
+        targets = base_targets(mock_url, nginx_workers) + [
+            (f"switchyard {s}", gw_url, f"bench-{s}", [gw.pid]) for s in STRATEGIES] + [
             # The same as `switchyard fixed` through a route with a rate-limit plugin that never refuses.
             ("switchyard fixed, rate-limited", gw_url + "/limited", "bench-fixed", [gw.pid]),
             # The same limits in Redis; the gateway's CPU only (Redis's own is not counted).
             ("switchyard fixed, rate-limited in Redis", f"http://127.0.0.1:{PORTS['switchyard_fleet']}/limited",
              "bench-fixed", [gw_fleet.pid])]
-        runs = [(mode, *t) for mode in ("json", "stream") for t in targets]
-        runs.insert(len(targets), ("json", "switchyard fixed, one thread",
-                                   f"http://127.0.0.1:{PORTS['switchyard_one_thread']}", "bench-fixed",
-                                   [gw_one_thread.pid]))
-        runs.insert(len(targets) + 1, ("json", "switchyard fixed, shared runtime",
-                                       f"http://127.0.0.1:{PORTS['switchyard_shared']}", "bench-fixed",
-                                       [gw_shared.pid]))
+        runs = [("json", *t, None) for t in targets] + [
+            ("json", "switchyard fixed, one thread", f"http://127.0.0.1:{PORTS['switchyard_one_thread']}",
+             "bench-fixed", [gw_one_thread.pid], None),
+            ("json", "switchyard fixed, shared runtime", f"http://127.0.0.1:{PORTS['switchyard_shared']}",
+             "bench-fixed", [gw_shared.pid], None),
+        ] + peer_json + [("stream", *t, None) for t in targets] + peer_stream
         # Translation: an Anthropic Messages client; the mock answers it directly in that protocol,
         # the gateway's bench-fixed route speaks OpenAI Chat to the same mock.
-        runs += [(mode, name, base, model, pids) for mode in ("json", "stream") for name, base, model, pids in (
-            ("direct anthropic", mock_url, "sim", []),
-            ("switchyard fixed anthropic→openai", gw_url, "bench-fixed", [gw.pid]))]
-        events = {
-            "openai": count_events(mock_url + chat, body("sim", True)),
-            "anthropic": count_events(mock_url + messages, body("sim", True, "anthropic")),
-        }
-        for mode, name, base, model, pids in runs:
-            dialect = "anthropic" if "anthropic" in name else "openai"
-            path = messages if dialect == "anthropic" else chat
-            for c in CONCURRENCY:
-                before = sum(cpu_seconds(p) for p in pids)
-                r = wrk(base + path, body(model, mode == "stream", dialect), c, work)
-                after = sum(cpu_seconds(p) for p in pids)
-                r.update(mode=mode, target=name, concurrency=c, dialect=dialect,
-                         cpu_us_per_request=(after - before) * 1e6 / max(r["requests"], 1) if pids else None)
-                results.append(r)
-                print(f"{mode:6} {name:34} c={c:<4} {r['rps']:9.0f} req/s  p50 {r['p50_ms']:.3f} ms  "
-                      f"p99 {r['p99_ms']:.3f} ms" + (f"  cpu {r['cpu_us_per_request']:.1f} us/req" if pids else "")
-                      + (f"  ERRORS {r['errors']}" if r["errors"] else ""), flush=True)
+        runs += [(mode, name, base, model, pids, None) for mode in ("json", "stream")
+                 for name, base, model, pids in (
+                     ("direct anthropic", mock_url, "sim", []),
+                     ("switchyard fixed anthropic→openai", gw_url, "bench-fixed", [gw.pid]))]
+        for run in runs:
+            results += measure(work, *run)
+        # The peers' rows are done: their timers and background tasks leave the cores to what follows.
+        while groups:
+            stop_group(groups.pop())
         extra["routewise_pairs"] = paired_routewise(gw_url + chat, gw.pid, work)
         rss_after = rss_mib(gw.pid)
 
@@ -528,15 +885,7 @@ def main():
                  "ttfb": ttfb_results, "idle_streams": held, "rss_after_idle_streams_mib": rss_after_streams,
                  "events_per_stream": events, "fd_limit": fd_limit}
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        if (work / "nginx.pid").exists():
-            subprocess.run([nginx_bin, "-c", str(work / "nginx.conf"), "-p", str(work), "-s", "stop"])
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs, groups, work, nginx_bin)
 
     report = render(results, extra)
     print("\n" + report)
@@ -604,15 +953,19 @@ def check_targets(results, extra):
             for k, v in measured.items()}
 
 
-def render(results, extra, measured=None, machine_name=None):
-    lines = [
-        f"Measured {measured or time.strftime('%Y-%m-%d')} on {machine_name or machine()}; {DURATION} s per point, wrk, mock upstream "
-        f"answering {COMPLETION_TOKENS} tokens without delay ({extra['events_per_stream']['openai']} SSE events "
-        f"per OpenAI stream, {extra['events_per_stream']['anthropic']} per Anthropic one); RUST_LOG=warn; "
-        "the load generator, proxies and mock share the cores. nginx runs one worker process and the "
-        "gateway its default configuration (a per-core runtime on each of the machine's cores), except the rows "
-        "marked \"one thread\" (`SWITCHYARD_WORKER_THREADS=1`) and \"shared runtime\" (`--runtime shared`).",
-    ]
+def peers_sentence(peers):
+    """Names the peer gateways of a run and how they were run, for the report's intro."""
+    if not peers:
+        return ""
+    described = "; ".join(p["how"] + (f" (no streaming rows: {p['stream_note']})" if p.get("stream_note") else "")
+                          for p in peers)
+    return (f" Peer gateways behind the same mock, with the same requests and load: {described}. "
+            "A peer's CPU is summed over all the processes of its session.")
+
+
+def render_tables(results):
+    """The non-streaming and streaming tables, one row per target and client count."""
+    lines = []
     for mode, title, unit in (("json", "Non-streaming", "req"), ("stream", "Streaming", "stream")):
         direct = {r["concurrency"]: r for r in results if r["mode"] == mode and r["target"] == "direct"}
         nginx = {r["concurrency"]: r for r in results if r["mode"] == mode and r["target"] == "nginx"}
@@ -633,7 +986,22 @@ def render(results, extra, measured=None, machine_name=None):
                 f"{r['rps'] / nginx[c]['rps']:.2f}× | {r['p50_ms']:.3f} | {r['p50_ms'] - base['p50_ms']:+.3f} | "
                 f"{r['p99_ms']:.3f} | {r['p99_ms'] - base['p99_ms']:+.3f} | {cpu} |"
                 + (f" ({r['errors']} errors)" if r["errors"] else "")
+                + ("" if r["requests"] else " (no answer completed within the window)")
             )
+    return lines
+
+
+def render(results, extra, measured=None, machine_name=None):
+    lines = [
+        f"Measured {measured or time.strftime('%Y-%m-%d')} on {machine_name or machine()}; {DURATION} s per point, wrk, mock upstream "
+        f"answering {COMPLETION_TOKENS} tokens without delay ({extra['events_per_stream']['openai']} SSE events "
+        f"per OpenAI stream, {extra['events_per_stream']['anthropic']} per Anthropic one); RUST_LOG=warn; "
+        "the load generator, proxies and mock share the cores. nginx runs one worker process and the "
+        "gateway its default configuration (a per-core runtime on each of the machine's cores), except the rows "
+        "marked \"one thread\" (`SWITCHYARD_WORKER_THREADS=1`) and \"shared runtime\" (`--runtime shared`)."
+        + peers_sentence(extra.get("peers")),
+    ]
+    lines += render_tables(results)
     t = extra["ttfb"]
     lines += ["", f"**Time to first byte of a stream** ({t['direct']['requests']} sequential requests on one "
               "connection)", "", "| target | p50 ms | added p50 ms | p99 ms | added p99 ms |", "|---|---:|---:|---:|---:|"]
@@ -719,6 +1087,46 @@ def idle_only():
     work = Path(tempfile.mkdtemp(prefix="switchyard-bench-idle-"))
     result = idle_connection_cost(binary, env, work, min(IDLE_CONNECTIONS, fd_limit - 1024))
     print(json.dumps(result, indent=2))
+
+
+def peers_only():
+    """`--peers-only`: direct, nginx and the peers, without the gateway, so the peer rows can be
+    checked in a minute or two. Leaves latest.json (the full run's) alone."""
+    global SKIP_PEERS
+    SKIP_PEERS = False
+    ensure_tools(redis=False)
+    raise_fd_limit()
+    binary = build()
+    env = dict(os.environ, RUST_LOG="warn")
+    work = Path(tempfile.mkdtemp(prefix="switchyard-bench-peers-"))
+    nginx_bin = shutil.which("nginx") or "/usr/sbin/nginx"
+    procs, groups, results = [], [], []
+    try:
+        procs.append(start_mock(binary, env))
+        mock_url = f"http://127.0.0.1:{PORTS['mock']}"
+        wait_http(mock_url + "/health")
+        nginx_workers = start_nginx(work, nginx_bin)
+        events = count_events(mock_url + "/v1/chat/completions", body("sim", True))
+        peers = start_peers(work, events, groups)
+        peer_json, peer_stream = peer_runs(peers)
+        targets = base_targets(mock_url, nginx_workers)
+        runs = ([("json", *t, None) for t in targets] + peer_json
+                + [("stream", *t, None) for t in targets] + peer_stream)
+        for run in runs:
+            results += measure(work, *run)
+    finally:
+        stop_all(procs, groups, work, nginx_bin)
+    report = "\n".join([
+        f"Measured {time.strftime('%Y-%m-%d')} on {machine()}; {DURATION} s per point, wrk, mock upstream "
+        f"answering {COMPLETION_TOKENS} tokens without delay ({events} SSE events per stream); nginx runs one "
+        "worker process." + peers_sentence(peers_summary(peers))] + render_tables(results))
+    print("\n" + report)
+    out = ROOT / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "peers-latest.json").write_text(json.dumps(
+        {"measured": time.strftime("%Y-%m-%dT%H%M%S"), "machine": machine(), "duration_s": DURATION,
+         "quick": QUICK, "peers": peers_summary(peers), "results": results}, indent=2))
+    (out / "peers-latest.md").write_text(report + "\n")
 
 
 MEMORY_PORTS = {"mock": 19111, "gateway": 19112}
@@ -832,5 +1240,7 @@ if __name__ == "__main__":
         rerender()
     elif "--idle-connections" in sys.argv:
         idle_only()
+    elif PEERS_ONLY:
+        peers_only()
     else:
         main()
