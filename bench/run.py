@@ -182,15 +182,18 @@ def build():
     return target_dir() / "release" / "switchyard"
 
 
-def wait_http(url, timeout=30):
+def wait_http(url, timeout=30, proc=None, pause_s=0.1, attempt_s=1):
+    """Waits for `url` to answer; with `proc`, gives up as soon as that process exits."""
     deadline = time.time() + timeout
     while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"exited with {proc.returncode} before answering {url}")
         try:
-            urllib.request.urlopen(url, timeout=1)
+            urllib.request.urlopen(url, timeout=attempt_s)
             return
         except Exception:
-            time.sleep(0.1)
-    raise RuntimeError(f"{url} did not come up")
+            time.sleep(pause_s)
+    raise RuntimeError(f"{url} did not come up within {timeout} s")
 
 
 def cpu_seconds(pid):
@@ -481,18 +484,11 @@ def log_tail(log, lines=40):
 
 
 def wait_peer(name, proc, url, log, timeout=PEER_START_S):
-    """Like `wait_http`, but stops waiting as soon as the peer exits, and shows its log on failure."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{name} exited with {proc.returncode} before answering {url}\n"
-                               f"--- {log} (tail) ---\n{log_tail(log)}")
-        try:
-            urllib.request.urlopen(url, timeout=2)
-            return
-        except Exception:
-            time.sleep(0.5)
-    raise RuntimeError(f"{name} did not answer {url} within {timeout} s\n--- {log} (tail) ---\n{log_tail(log)}")
+    """`wait_http` for a peer: stops as soon as it exits, and shows its log on failure."""
+    try:
+        wait_http(url, timeout, proc=proc, pause_s=0.5, attempt_s=2)
+    except RuntimeError as e:
+        raise RuntimeError(f"{name}: {e}\n--- {log} (tail) ---\n{log_tail(log)}") from None
 
 
 def check_peer_answers(peer):

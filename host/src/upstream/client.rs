@@ -152,11 +152,6 @@ impl UpstreamClient {
         })
     }
 
-    /// Whether attempts leave through a proxy the environment names (reqwest), not hyper directly.
-    pub fn proxied(&self) -> bool {
-        matches!(self.template, Transport::Proxied(_))
-    }
-
     /// This thread's client.
     fn http(&self) -> &Transport {
         self.http.get_or(|| {
