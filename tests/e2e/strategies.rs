@@ -88,6 +88,110 @@ async fn builtin_strategies_pass_the_contract() {
     }
 }
 
+/// The host writes `select`'s arguments into guest memory with its own lowering (the
+/// `switchyard-select-abi` crate), not wasmtime's generic one: every field, each option both ways,
+/// every enum case and flag, must reach a real guest as the host meant it.
+#[tokio::test]
+async fn select_arguments_reach_the_guest_exactly() {
+    let engine = engine_with(Duration::from_millis(500));
+    let r = router(&engine, "echo_inputs").await;
+    let budgets = [None, Some(0.125)];
+    let max_tokens = [Some(4_000_000_000), None];
+    let modalities = [
+        Modalities::IMAGE | Modalities::VIDEO,
+        Modalities::AUDIO,
+        Modalities::empty(),
+    ];
+    for (round, ((budget, max_tokens), modalities)) in budgets
+        .into_iter()
+        .zip(max_tokens)
+        .zip(modalities.into_iter().cycle())
+        .enumerate()
+    {
+        let request = Request {
+            caller_hash: u64::MAX - 3,
+            prompt_tokens: 123_456,
+            max_tokens,
+            stream: round == 0,
+            modalities,
+            seed: 0x0123_4567_89ab_cdef,
+            now_ms: 1_780_000_000_123,
+            prefill: PrefillPolicy {
+                enabled: round == 1,
+                intervene_tokens: 50_001,
+                elephant_tokens: 1 << 40,
+                elephant_limit: 7,
+            },
+            remaining_budget_usd: budget,
+        };
+        let circuits = [
+            CircuitState::Closed,
+            CircuitState::Open,
+            CircuitState::HalfOpen,
+        ];
+        let candidates: Vec<Candidate> = (0..5u32)
+            .map(|i| Candidate {
+                index: 10 + i,
+                weight: 0.5 + f64::from(i),
+                priority: -2 + i as i32,
+                availability: 1.0 / f64::from(i + 2),
+                circuit: circuits[i as usize % 3],
+                prefill_backlog_tokens: (1u64 << 33) + u64::from(i),
+                inflight_elephants: 100 + i,
+                uncached_prompt_tokens: 7 * u64::from(i),
+                ttft_ms: (i % 2 == 0).then_some(12.5 * f64::from(i)),
+                latency_ms: (i % 2 == 1).then_some(1e6 + f64::from(i)),
+                inflight_requests: u32::MAX - i,
+                affinity_pinned: i == 3,
+            })
+            .collect();
+        let decision = r.select(&request, &candidates).await.unwrap();
+        let echo: serde_json::Value = serde_json::from_str(&decision.strategy_metadata).unwrap();
+        let expected = serde_json::json!({
+            "request": {
+                "caller_hash": request.caller_hash,
+                "prompt_tokens": request.prompt_tokens,
+                "max_tokens": request.max_tokens,
+                "stream": request.stream,
+                "modalities": {
+                    "image": modalities.contains(Modalities::IMAGE),
+                    "audio": modalities.contains(Modalities::AUDIO),
+                    "video": modalities.contains(Modalities::VIDEO),
+                },
+                "seed": request.seed,
+                "now_ms": request.now_ms,
+                "prefill": {
+                    "enabled": request.prefill.enabled,
+                    "intervene_tokens": request.prefill.intervene_tokens,
+                    "elephant_tokens": request.prefill.elephant_tokens,
+                    "elephant_limit": request.prefill.elephant_limit,
+                },
+                "remaining_budget_usd": request.remaining_budget_usd,
+            },
+            "candidates": candidates.iter().map(|c| serde_json::json!({
+                "index": c.index,
+                "weight": c.weight,
+                "priority": c.priority,
+                "availability": c.availability,
+                "circuit": match c.circuit {
+                    CircuitState::Closed => "closed",
+                    CircuitState::Open => "open",
+                    CircuitState::HalfOpen => "half_open",
+                },
+                "prefill_backlog_tokens": c.prefill_backlog_tokens,
+                "inflight_elephants": c.inflight_elephants,
+                "uncached_prompt_tokens": c.uncached_prompt_tokens,
+                "ttft_ms": c.ttft_ms,
+                "latency_ms": c.latency_ms,
+                "inflight_requests": c.inflight_requests,
+                "affinity_pinned": c.affinity_pinned,
+            })).collect::<Vec<_>>(),
+        });
+        assert_eq!(echo, expected, "round {round}");
+        assert_eq!(decision.order, vec![10, 11, 12, 13, 14]);
+    }
+}
+
 #[tokio::test]
 async fn the_contract_catches_a_broken_strategy() {
     let report = contract::run(

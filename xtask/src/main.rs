@@ -67,6 +67,12 @@ const COMPONENTS: &[Component] = &[
         dir: "strategies-testing",
         file: "trap_on_select.wasm",
     },
+    // Echoes `select`'s inputs: pins the host's own lowering of them (tests/e2e/strategies.rs).
+    Component {
+        package: "strategy-echo-inputs",
+        dir: "strategies-testing",
+        file: "echo_inputs.wasm",
+    },
     // The Rust one of the three `least_backlog` examples (tests/e2e/strategy_sdks.rs).
     Component {
         package: "strategy-least-backlog",

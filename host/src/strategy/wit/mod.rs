@@ -184,7 +184,10 @@ impl Pre {
     ) -> wasmtime::Result<Guest> {
         Ok(match self {
             Pre::V0_1(pre) => Guest::V0_1(v0_1::Live::new(pre.instantiate_async(store).await?)),
-            Pre::V0_2(pre) => Guest::V0_2(v0_2::Live::new(pre.instantiate_async(store).await?)),
+            Pre::V0_2(pre) => {
+                let bindings = pre.instantiate_async(&mut *store).await?;
+                Guest::V0_2(v0_2::Live::new(store, bindings)?)
+            }
         })
     }
 }

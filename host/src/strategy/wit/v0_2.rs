@@ -1,6 +1,9 @@
 //! `switchyard:router@0.2.0` (`wit/since_v0.2.0`, the newest): its bindings and their conversion to
 //! and from the host's types, which follow it field for field.
 
+mod image;
+
+use switchyard_select_abi::{Direct, SelectFunc};
 use wasmtime::Store;
 use wasmtime::component::ResourceAny;
 
@@ -33,17 +36,30 @@ impl self::switchyard::router::host::Host for StoreState {
 
 impl self::switchyard::router::types::Host for StoreState {}
 
+/// `select` as called on the request path: its arguments written by their images ([`image`]).
+type Select = SelectFunc<wit::Request, wit::Candidate, (Result<wit::Decision, String>,)>;
+
 /// A live 0.2.0 instance, with buffers reused from call to call so that converting the host's
 /// types allocates nothing on the request path.
 pub(in crate::strategy) struct Live {
     bindings: StrategyComponent,
-    candidates: Vec<wit::Candidate>,
+    select: Select,
+    candidates: Vec<Direct<wit::Candidate>>,
     observation: wit::Observation,
 }
 
 impl Live {
-    pub(super) fn new(bindings: StrategyComponent) -> Self {
-        Self {
+    pub(super) fn new(
+        store: &Store<StoreState>,
+        bindings: StrategyComponent,
+    ) -> wasmtime::Result<Self> {
+        let select = *bindings
+            .switchyard_router_strategy()
+            .router()
+            .func_select()
+            .func();
+        Ok(Self {
+            select: Select::new(store, select)?,
             bindings,
             candidates: Vec::new(),
             observation: wit::Observation {
@@ -58,7 +74,7 @@ impl Live {
                 strategy_metadata: String::new(),
                 now_ms: 0,
             },
-        }
+        })
     }
 
     pub(super) async fn info(
@@ -117,9 +133,13 @@ impl Live {
             }
             Call::Select(request, candidates) => {
                 self.candidates.clear();
-                self.candidates.extend(candidates.iter().map(candidate));
-                let decision = guest
-                    .call_select(store, router, self::request(request), &self.candidates)
+                self.candidates
+                    .extend(candidates.iter().map(|c| Direct(candidate(c))));
+                let request = Direct(self::request(request));
+                let (decision,) = self
+                    .select
+                    .typed()
+                    .call_async(&mut *store, (router, &request, &self.candidates))
                     .await?;
                 Ok(Reply::Decision(decision.map(|d| types::Decision {
                     order: d.order,
