@@ -140,19 +140,23 @@ pub fn priority_tiers(candidates: &[Candidate]) -> Vec<Vec<usize>> {
     let mut positions = declared_positions(candidates);
     // Stable: declared order survives within a priority.
     positions.sort_by_key(|&p| std::cmp::Reverse(candidates[p].priority));
-    let mut tiers: Vec<Vec<usize>> = Vec::new();
-    let mut current: Option<i32> = None;
-    for p in positions {
-        let priority = candidates[p].priority;
-        match tiers.last_mut() {
-            Some(tier) if current == Some(priority) => tier.push(p),
-            _ => {
-                tiers.push(vec![p]);
-                current = Some(priority);
-            }
-        }
+    let priority = |p: &usize| candidates[*p].priority;
+    // One tier (every candidate at one priority) is the common case: `select` runs on every
+    // request, and each allocation in the guest costs about as much as the rest of a small decision.
+    if positions
+        .windows(2)
+        .all(|w| priority(&w[0]) == priority(&w[1]))
+    {
+        return if positions.is_empty() {
+            Vec::new()
+        } else {
+            vec![positions]
+        };
     }
-    tiers
+    positions
+        .chunk_by(|a, b| priority(a) == priority(b))
+        .map(<[usize]>::to_vec)
+        .collect()
 }
 
 #[cfg(test)]

@@ -62,14 +62,11 @@ pub fn prefill_aware_primary(
     policy: &PrefillPolicy,
     rng: &mut Rng,
 ) -> Option<usize> {
-    let all: Vec<usize> = (0..candidates.len()).collect();
     if !policy.enabled {
         let weights: Vec<f64> = candidates.iter().map(|c| c.weight).collect();
         return weighted_draw(&weights, rng);
     }
-    let open: Vec<usize> = all
-        .iter()
-        .copied()
+    let open: Vec<usize> = (0..candidates.len())
         .filter(|&p| {
             let c = &candidates[p];
             c.uncached_prompt_tokens < policy.elephant_tokens
@@ -77,6 +74,7 @@ pub fn prefill_aware_primary(
         })
         .collect();
     if open.is_empty() {
+        let all: Vec<usize> = (0..candidates.len()).collect();
         return least_loaded(candidates, &all);
     }
     p2c(candidates, &open, policy.intervene_tokens, rng).or_else(|| least_loaded(candidates, &open))

@@ -89,18 +89,32 @@ impl Fixed {
     ) -> Vec<usize> {
         // The draw sees the tier in the host's order, not declared order: with a single tier this
         // is the very slice (and so the very draw) `fixed` used before tiers existed.
-        let mut host_order = tier.to_vec();
-        host_order.sort_unstable();
-        let members: Vec<Candidate> = host_order.iter().map(|&p| candidates[p]).collect();
-        let Some(chosen) = prefill_aware_primary(&members, &request.prefill, rng) else {
+        // A tier of every candidate (the common case) is the candidates themselves in host order:
+        // no copies (each allocation in the guest shows in `select`'s time).
+        let subset = (tier.len() != candidates.len()).then(|| {
+            let mut host_order = tier.to_vec();
+            host_order.sort_unstable();
+            let members: Vec<Candidate> = host_order.iter().map(|&p| candidates[p]).collect();
+            (host_order, members)
+        });
+        let members = subset.as_ref().map_or(candidates, |(_, members)| members);
+        let Some(chosen) = prefill_aware_primary(members, &request.prefill, rng) else {
             // No usable weight and no prefill policy to pick by load.
             return self.arrange(candidates, tier, rng);
         };
-        let primary = host_order[chosen];
-        let rest: Vec<usize> = tier.iter().copied().filter(|&p| p != primary).collect();
+        let primary = subset
+            .as_ref()
+            .map_or(chosen, |(host_order, _)| host_order[chosen]);
+        let rest = tier.iter().copied().filter(|&p| p != primary);
         let mut order = Vec::with_capacity(tier.len());
         order.push(primary);
-        order.extend(self.arrange(candidates, &rest, rng));
+        match self.fallback_order {
+            FallbackOrder::Declared => order.extend(rest),
+            FallbackOrder::Weighted => {
+                let rest: Vec<usize> = rest.collect();
+                order.extend(self.arrange(candidates, &rest, rng));
+            }
+        }
         order
     }
 }
@@ -129,10 +143,11 @@ impl Strategy for Fixed {
         let has_usable =
             |tier: &Vec<usize>| tier.iter().any(|&p| usable_weight(candidates[p].weight));
         let first = tiers.iter().position(has_usable).unwrap_or(0);
-        let mut positions = Vec::with_capacity(candidates.len());
-        if let Some(tier) = tiers.get(first) {
-            positions.extend(self.primary_tier(request, candidates, tier, &mut rng));
-        }
+        let mut positions = match tiers.get(first) {
+            Some(tier) => self.primary_tier(request, candidates, tier, &mut rng),
+            None => Vec::new(),
+        };
+        positions.reserve_exact(candidates.len() - positions.len());
         for (i, tier) in tiers.iter().enumerate() {
             if i != first {
                 positions.extend(self.arrange(candidates, tier, &mut rng));
