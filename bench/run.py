@@ -777,9 +777,13 @@ def main():
     extra = {}
     try:
         procs.append(start_mock(binary, env))
-        # Idle streams: the first event at once, then a token every 100 s.
+        # Idle streams: the first token at once, then one every 100 s. The first token, not the
+        # role-only first event: the gateway commits a stream to its client at the first token
+        # (before it, a failure can still fall back), so without it no client saw a byte and every
+        # held stream timed out.
         slow = subprocess.Popen([binary, "mock-upstream", "--port", str(PORTS["slow_mock"]),
-                                 "--completion-tokens", str(COMPLETION_TOKENS), "--tokens-per-s", "0.01"],
+                                 "--completion-tokens", str(COMPLETION_TOKENS), "--tokens-per-s", "0.01",
+                                 "--first-token-at-once"],
                                 stdout=subprocess.DEVNULL, env=env)
         procs.append(slow)
         mock_url = f"http://127.0.0.1:{PORTS['mock']}"

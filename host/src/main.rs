@@ -115,6 +115,10 @@ enum Command {
         /// Token rate of the answer; 0 sends as fast as possible.
         #[arg(long, default_value_t = 0.0)]
         tokens_per_s: f64,
+        /// Send the first token at --ttft-ms, then pace the rest by --tokens-per-s (a stream that
+        /// starts and then idles).
+        #[arg(long)]
+        first_token_at_once: bool,
         /// Fraction of requests answered with HTTP 500.
         #[arg(long, default_value_t = 0.0)]
         fail_rate: f64,
@@ -283,6 +287,7 @@ fn main() -> anyhow::Result<()> {
             completion_tokens,
             protocol,
             tool_call,
+            first_token_at_once,
         } => {
             let ip = host
                 .parse()
@@ -292,6 +297,7 @@ fn main() -> anyhow::Result<()> {
                     listen: SocketAddr::new(ip, port),
                     ttft_ms,
                     tokens_per_s,
+                    first_token_at_once,
                     fail_rate,
                     model,
                     completion_tokens,

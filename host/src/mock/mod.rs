@@ -34,6 +34,10 @@ pub struct MockOptions {
     pub ttft_ms: u64,
     /// 0 means as fast as possible.
     pub tokens_per_s: f64,
+    /// The first token goes out at `ttft_ms`, without waiting for its share of `tokens_per_s`: a
+    /// stream that starts and then idles (what a held stream looks like to the gateway, which
+    /// commits a stream to its client at the first token).
+    pub first_token_at_once: bool,
     pub fail_rate: f64,
     pub model: String,
     pub completion_tokens: u32,
@@ -50,6 +54,7 @@ impl MockOptions {
             listen,
             ttft_ms: 0,
             tokens_per_s: 0.0,
+            first_token_at_once: false,
             fail_rate: 0.0,
             model: "sim".into(),
             completion_tokens: 16,
@@ -332,6 +337,8 @@ fn admit(
 struct Pace {
     ttft: Duration,
     per_token: Duration,
+    /// `MockOptions::first_token_at_once`.
+    first_at_once: bool,
 }
 
 impl Pace {
@@ -344,6 +351,7 @@ impl Pace {
             } else {
                 Duration::ZERO
             },
+            first_at_once: state.options.first_token_at_once,
         }
     }
 }
@@ -453,7 +461,12 @@ impl Answer {
                 Duration::ZERO,
             ));
         }
-        for piece in &self.pieces {
+        for (i, piece) in self.pieces.iter().enumerate() {
+            let pause = if i == 0 && pace.first_at_once {
+                Duration::ZERO
+            } else {
+                pace.per_token
+            };
             let event = match self.tool_call {
                 Some(_) => StreamEvent::ToolCallDelta {
                     index: 0,
@@ -461,7 +474,7 @@ impl Answer {
                 },
                 None => StreamEvent::TextDelta(piece.clone()),
             };
-            events.push((event, pace.per_token));
+            events.push((event, pause));
         }
         events.push((
             StreamEvent::Finish {

@@ -380,3 +380,32 @@ async fn chat_streams_keep_their_historic_framing() {
     let (_, body) = mock.post("/v1/chat/completions", no_usage).await;
     assert_eq!(sse::parse(&body).len(), 11);
 }
+
+/// `--first-token-at-once`: the first token waits only for the TTFT, the rest for the token rate
+/// (the bench's held streams need a first token the gateway can commit to its client).
+#[tokio::test]
+async fn the_first_token_can_go_out_at_once() {
+    let mock = start(|o| {
+        o.tokens_per_s = 0.5;
+        o.ttft_ms = 7;
+    })
+    .await;
+    let body =
+        json!({"model": "sim", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]});
+    let request = Dialect::OpenAiChat
+        .parse_request(body.to_string().as_bytes())
+        .unwrap();
+    let answer = Answer::plan(&mock.state, &request);
+    let pauses = |first_at_once| -> Vec<Duration> {
+        let pace = Pace {
+            first_at_once,
+            ..Pace::new(&mock.state, &Behaviour::default())
+        };
+        answer.events(&pace).into_iter().map(|(_, p)| p).collect()
+    };
+    let two_s = Duration::from_secs(2);
+    let ttft = Duration::from_millis(7);
+    // Start (after the TTFT), three tokens, then the finish.
+    assert_eq!(pauses(false)[..4], [ttft, two_s, two_s, two_s]);
+    assert_eq!(pauses(true)[..4], [ttft, Duration::ZERO, two_s, two_s]);
+}

@@ -83,8 +83,8 @@ pub async fn middleware(mut request: Request, next: Next) -> Response {
     // At ERROR level so that it is enabled whenever anything is logged: a process that logs only
     // warnings still names the request in them. The log layer formats a span's fields when the
     // span opens, whether or not a line is ever logged in it, so the span carries only what joins
-    // a line to its request (method and path cost 2,300 instructions a request; the request log
-    // has the route, model and endpoint).
+    // a line to its request (with method and path it cost 3,700 instructions a request, with the id
+    // alone 1,500; the request log has the route, model and endpoint).
     let span = tracing::error_span!(
         "request",
         request_id = %id,
