@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use switchyard::strategy::{
     Candidate, CircuitState, Modalities, ModelRouter, PrefillPolicy, Request, StrategyEngine,
-    StrategyError, StrategyLimits, catalog, contract,
+    StrategyError, StrategyLimits, catalog, contract, record,
 };
 
 use crate::harness::{Gateway, Mock, chat_body, component};
@@ -148,44 +148,8 @@ async fn select_arguments_reach_the_guest_exactly() {
         let decision = r.select(&request, &candidates).await.unwrap();
         let echo: serde_json::Value = serde_json::from_str(&decision.strategy_metadata).unwrap();
         let expected = serde_json::json!({
-            "request": {
-                "caller_hash": request.caller_hash,
-                "prompt_tokens": request.prompt_tokens,
-                "max_tokens": request.max_tokens,
-                "stream": request.stream,
-                "modalities": {
-                    "image": modalities.contains(Modalities::IMAGE),
-                    "audio": modalities.contains(Modalities::AUDIO),
-                    "video": modalities.contains(Modalities::VIDEO),
-                },
-                "seed": request.seed,
-                "now_ms": request.now_ms,
-                "prefill": {
-                    "enabled": request.prefill.enabled,
-                    "intervene_tokens": request.prefill.intervene_tokens,
-                    "elephant_tokens": request.prefill.elephant_tokens,
-                    "elephant_limit": request.prefill.elephant_limit,
-                },
-                "remaining_budget_usd": request.remaining_budget_usd,
-            },
-            "candidates": candidates.iter().map(|c| serde_json::json!({
-                "index": c.index,
-                "weight": c.weight,
-                "priority": c.priority,
-                "availability": c.availability,
-                "circuit": match c.circuit {
-                    CircuitState::Closed => "closed",
-                    CircuitState::Open => "open",
-                    CircuitState::HalfOpen => "half_open",
-                },
-                "prefill_backlog_tokens": c.prefill_backlog_tokens,
-                "inflight_elephants": c.inflight_elephants,
-                "uncached_prompt_tokens": c.uncached_prompt_tokens,
-                "ttft_ms": c.ttft_ms,
-                "latency_ms": c.latency_ms,
-                "inflight_requests": c.inflight_requests,
-                "affinity_pinned": c.affinity_pinned,
-            })).collect::<Vec<_>>(),
+            "request": record::request_json(&request),
+            "candidates": candidates.iter().map(record::candidate_json).collect::<Vec<_>>(),
         });
         assert_eq!(echo, expected, "round {round}");
         assert_eq!(decision.order, vec![10, 11, 12, 13, 14]);

@@ -319,7 +319,8 @@ fn route_json(r: &UpstreamInfo) -> Value {
     })
 }
 
-fn request_json(r: &Request) -> Value {
+/// A request as recordings store it (also what `strategies/testing/echo_inputs` answers with).
+pub fn request_json(r: &Request) -> Value {
     let modalities: Vec<&str> = [
         (Modalities::IMAGE, "image"),
         (Modalities::AUDIO, "audio"),
@@ -347,7 +348,8 @@ fn request_json(r: &Request) -> Value {
     })
 }
 
-fn candidate_json(c: &Candidate) -> Value {
+/// A candidate as recordings store it.
+pub fn candidate_json(c: &Candidate) -> Value {
     json!({
         "index": c.index,
         "weight": c.weight,

@@ -3,7 +3,8 @@
 //!
 //! The host writes `select`'s arguments into guest memory with its own lowering code rather than
 //! wasmtime's generic one (it is the hot path); this strategy lets a test prove that what arrives is
-//! what the host meant, field by field.
+//! what the host meant, field by field. The JSON is the shape of the host's recordings, so the test
+//! compares it with the host's own encoding of what it sent.
 
 use switchyard_sdk::serde_json::{Value, json};
 use switchyard_sdk::{
@@ -15,19 +16,25 @@ use switchyard_sdk::{
 #[derive(Debug)]
 pub struct EchoInputs;
 
+/// The request in the shape the host records it (`switchyard::strategy::record::request_json`).
 fn request_json(r: &Request) -> Value {
+    let modalities: Vec<&str> = [
+        (Modalities::IMAGE, "image"),
+        (Modalities::AUDIO, "audio"),
+        (Modalities::VIDEO, "video"),
+    ]
+    .into_iter()
+    .filter(|(flag, _)| r.modalities.contains(*flag))
+    .map(|(_, name)| name)
+    .collect();
     json!({
-        "caller_hash": r.caller_hash,
         "prompt_tokens": r.prompt_tokens,
         "max_tokens": r.max_tokens,
         "stream": r.stream,
-        "modalities": {
-            "image": r.modalities.contains(Modalities::IMAGE),
-            "audio": r.modalities.contains(Modalities::AUDIO),
-            "video": r.modalities.contains(Modalities::VIDEO),
-        },
         "seed": r.seed,
         "now_ms": r.now_ms,
+        "caller_hash": r.caller_hash,
+        "modalities": modalities,
         "prefill": {
             "enabled": r.prefill.enabled,
             "intervene_tokens": r.prefill.intervene_tokens,
@@ -38,6 +45,7 @@ fn request_json(r: &Request) -> Value {
     })
 }
 
+/// A candidate in the shape the host records it.
 fn candidate_json(c: &Candidate) -> Value {
     json!({
         "index": c.index,
