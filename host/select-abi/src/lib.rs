@@ -5,8 +5,9 @@
 //! canonical options. For `select`, called once per request with a list of candidates of twelve
 //! fields each, those lookups were most of the host's side of the call. [`Direct`] wraps a
 //! bindgen-generated record and writes its canonical-ABI image, which the record's own
-//! [`WriteImage`] impl provides, with one lookup per list; [`Layout`] computes the field offsets
-//! from the same ABI facts wasmtime uses, so an image cannot disagree with the type it claims.
+//! [`WriteImage`] impl provides, with one lookup per list; [`Image`] places each field from the
+//! same ABI facts wasmtime uses (the field's WIT type), so an image cannot disagree with the type
+//! it claims.
 //!
 //! This is the one crate of the host that implements wasmtime's `unsafe` lowering traits (the
 //! daemon forbids `unsafe`). What makes them `unsafe` is the shape of `Lower` (a run of `ValRaw`s)
@@ -27,9 +28,9 @@ use wasmtime::component::{
 
 /// A record that can write its own canonical-ABI image.
 pub trait WriteImage: Lower {
-    /// Writes the value's image into `dst`, which is exactly `Self::ABI.size32` bytes. Bytes of
-    /// padding, and of an absent option's payload, may be left as they are.
-    fn write_image(&self, dst: &mut [u8]);
+    /// Writes the value's fields, in declaration order, into `image`. Bytes of padding, and of an
+    /// absent option's payload, may be left as they are.
+    fn write_image(&self, image: &mut Image<'_>);
 }
 
 /// `T`, lowered through its image. Type-checks as `T`: a `Direct<T>` is accepted wherever the
@@ -67,7 +68,7 @@ unsafe impl<T: WriteImage> Lower for Direct<T> {
         offset: usize,
     ) -> wasmtime::Result<()> {
         let size = Self::SIZE32;
-        self.0.write_image(&mut cx.as_slice_mut()[offset..][..size]);
+        write::<T>(&self.0, &mut cx.as_slice_mut()[offset..][..size]);
         Ok(())
     }
 
@@ -80,77 +81,87 @@ unsafe impl<T: WriteImage> Lower for Direct<T> {
         let size = Self::SIZE32;
         let memory = &mut cx.as_slice_mut()[offset..][..items.len() * size];
         for (dst, item) in memory.chunks_exact_mut(size).zip(items) {
-            item.0.write_image(dst);
+            write::<T>(&item.0, dst);
         }
         Ok(())
     }
 }
 
-/// Field offsets of a record, computed like the canonical ABI does (each field aligned to its own
-/// alignment), from wasmtime's ABI description of each field's type.
-#[derive(Debug, Clone, Copy)]
-pub struct Layout {
-    end: u32,
-    align: u32,
+/// Writes `value`'s image into `dst`, exactly `T`'s size.
+fn write<T: WriteImage>(value: &T, dst: &mut [u8]) {
+    let mut image = Image { dst, at: 0 };
+    value.write_image(&mut image);
+    // The fields placed by the WIT types they claim end where the record does.
+    debug_assert_eq!(image.at.next_multiple_of(T::ALIGN32 as usize), T::SIZE32);
 }
 
-impl Layout {
-    pub const fn new() -> Self {
-        Self { end: 0, align: 1 }
+/// A record's image being written: each field goes at the next offset its WIT type's alignment
+/// allows, as the canonical ABI lays records out, from wasmtime's own description of the type.
+#[derive(Debug)]
+pub struct Image<'a> {
+    dst: &'a mut [u8],
+    /// Where the last field placed ends.
+    at: usize,
+}
+
+impl Image<'_> {
+    /// Places a field of WIT type `T`; returns its offset.
+    fn place<T: ComponentType>(&mut self) -> usize {
+        let at = self.at.next_multiple_of(T::ALIGN32 as usize);
+        self.at = at + T::SIZE32;
+        at
     }
 
-    /// Places a field of type `T`; returns the layout so far and the field's offset.
-    pub const fn field<T: ComponentType>(self) -> (Self, usize) {
-        self.place(T::ABI)
-    }
-
-    /// Places a field with the given ABI.
-    pub const fn place(self, abi: CanonicalAbiInfo) -> (Self, usize) {
-        let offset = self.end.next_multiple_of(abi.align32);
-        let align = if abi.align32 > self.align {
-            abi.align32
-        } else {
-            self.align
+    /// A field of scalar WIT type `T` (an integer, a float, a `bool`, a one-byte enum or flags)
+    /// holding the little-endian `bytes`.
+    pub fn scalar<T: ComponentType, const N: usize>(&mut self, bytes: [u8; N]) -> &mut Self {
+        const {
+            assert!(
+                T::ABI.size32 as usize == N,
+                "the bytes are not the type's size"
+            )
         };
-        (
-            Self {
-                end: offset + abi.size32,
-                align,
-            },
-            offset as usize,
-        )
+        let at = self.place::<T>();
+        self.dst[at..at + N].copy_from_slice(&bytes);
+        self
     }
 
-    /// The record's size: the end of its last field rounded up to its alignment.
-    pub const fn size(self) -> usize {
-        self.end.next_multiple_of(self.align) as usize
-    }
-}
-
-impl Default for Layout {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-/// Offset of the payload of an `option<T>`, after its one-byte discriminant.
-pub const fn option_payload<T: ComponentType>() -> usize {
-    1usize.next_multiple_of(T::ABI.align32 as usize)
-}
-
-/// Writes `option<T>` for a numeric `T` at `offset`: the discriminant, then the payload.
-pub fn write_option<const N: usize>(
-    dst: &mut [u8],
-    offset: usize,
-    payload_at: usize,
-    value: Option<[u8; N]>,
-) {
-    match value {
-        None => dst[offset] = 0,
-        Some(bytes) => {
-            dst[offset] = 1;
-            dst[offset + payload_at..][..N].copy_from_slice(&bytes);
+    /// A field of WIT type `option<T>`, `T` scalar: the discriminant, then the payload aligned
+    /// for `T`.
+    pub fn option<T: ComponentType, const N: usize>(
+        &mut self,
+        value: Option<[u8; N]>,
+    ) -> &mut Self {
+        const {
+            assert!(
+                T::ABI.size32 as usize == N,
+                "the bytes are not the type's size"
+            )
+        };
+        let at = self.place::<Option<T>>();
+        match value {
+            None => self.dst[at] = 0,
+            Some(bytes) => {
+                self.dst[at] = 1;
+                let payload = at + 1usize.next_multiple_of(T::ALIGN32 as usize);
+                self.dst[payload..payload + N].copy_from_slice(&bytes);
+            }
         }
+        self
+    }
+
+    /// A field of record type `T`, whose own fields `fields` writes. Its start is aligned for
+    /// its widest field, so its fields land where they would in an image of their own.
+    pub fn record<T: ComponentType>(&mut self, fields: impl FnOnce(&mut Self)) -> &mut Self {
+        let start = self.place::<T>();
+        self.at = start;
+        fields(self);
+        debug_assert_eq!(
+            self.at.next_multiple_of(T::ALIGN32 as usize),
+            start + T::SIZE32
+        );
+        self.at = start + T::SIZE32;
+        self
     }
 }
 
@@ -202,31 +213,71 @@ mod tests {
     use super::*;
 
     #[test]
-    fn layout_follows_the_canonical_abi() {
+    fn fields_are_placed_like_the_canonical_abi() {
         // record { a: u8, b: u64, c: u32, d: option<f64> }: 0, 8, 16, 24 (payload at 32), size 40.
-        let l = Layout::new();
-        let (l, a) = l.field::<u8>();
-        let (l, b) = l.field::<u64>();
-        let (l, c) = l.field::<u32>();
-        let (l, d) = l.field::<Option<f64>>();
-        assert_eq!((a, b, c, d), (0, 8, 16, 24));
-        assert_eq!(option_payload::<f64>(), 8);
-        assert_eq!(l.size(), 40);
-        let (l, _) = Layout::new().field::<u32>();
-        let (l, _) = l.field::<bool>();
-        assert_eq!(l.size(), 8);
+        let mut dst = [0xAAu8; 40];
+        let mut image = Image {
+            dst: &mut dst,
+            at: 0,
+        };
+        image
+            .scalar::<u8, _>([7])
+            .scalar::<u64, _>(9u64.to_le_bytes())
+            .scalar::<u32, _>(11u32.to_le_bytes())
+            .option::<f64, _>(Some(2.5f64.to_le_bytes()));
+        assert_eq!(image.at, 40);
+        assert_eq!(dst[0], 7);
+        assert_eq!(dst[8..16], 9u64.to_le_bytes());
+        assert_eq!(dst[16..20], 11u32.to_le_bytes());
+        assert_eq!(dst[24], 1);
+        assert_eq!(dst[32..40], 2.5f64.to_le_bytes());
+        // record { a: u32, b: bool }: size 8 (5 rounded up to 4).
+        let mut dst = [0u8; 8];
+        let mut image = Image {
+            dst: &mut dst,
+            at: 0,
+        };
+        image.scalar::<u32, _>([0; 4]).scalar::<bool, _>([1]);
+        assert_eq!(image.at.next_multiple_of(4), 8);
     }
 
     #[test]
     fn options_write_their_discriminant_and_payload() {
         let mut dst = [0xAAu8; 16];
-        write_option(&mut dst, 0, 8, Some(2.5f64.to_le_bytes()));
+        let mut image = Image {
+            dst: &mut dst,
+            at: 0,
+        };
+        image.option::<f64, _>(Some(2.5f64.to_le_bytes()));
         assert_eq!(dst[0], 1);
-        assert_eq!(
-            f64::from_le_bytes(dst[8..16].try_into().unwrap_or_default()),
-            2.5
-        );
-        write_option::<8>(&mut dst, 0, 8, None);
+        assert_eq!(dst[8..16], 2.5f64.to_le_bytes());
+        let mut image = Image {
+            dst: &mut dst,
+            at: 0,
+        };
+        image.option::<f64, 8>(None);
         assert_eq!(dst[0], 0);
+        assert_eq!(
+            dst[8..16],
+            2.5f64.to_le_bytes(),
+            "an absent payload is left alone"
+        );
+    }
+
+    #[test]
+    fn a_nested_record_keeps_its_own_layout() {
+        // record { a: u8, r: record { x: bool, y: u64 } }: r at 8, y at 16, size 24.
+        let mut dst = [0u8; 24];
+        let mut image = Image {
+            dst: &mut dst,
+            at: 0,
+        };
+        image.scalar::<u8, _>([1]).record::<(bool, u64)>(|r| {
+            r.scalar::<bool, _>([1])
+                .scalar::<u64, _>(5u64.to_le_bytes());
+        });
+        assert_eq!(image.at, 24);
+        assert_eq!(dst[8], 1);
+        assert_eq!(dst[16..24], 5u64.to_le_bytes());
     }
 }
