@@ -99,7 +99,14 @@ fn request(d: Dialect, stream: bool, tools: bool) -> Value {
 /// The IR answer of a body in `d`, streamed or not.
 fn answer_of(d: Dialect, stream: bool, body: &str) -> ir::Response {
     if !stream {
-        return d.parse_response(body.as_bytes()).unwrap();
+        let r = d.parse_response(body.as_bytes()).unwrap();
+        // A same-protocol relay reads the answer through the scan: it must take the mock's.
+        let summary = crate::protocol::scan::Summary {
+            usage: r.usage,
+            model: r.model.clone(),
+        };
+        assert_eq!(d.scan_response(body.as_bytes()), Some(summary), "{body}");
+        return r;
     }
     let mut decoder = d.decoder();
     let mut events: Vec<StreamEvent> = sse::parse(body)

@@ -10,7 +10,7 @@ pub use request::{
     DEFAULT_MAX_TOKENS, build_request, parse_count_tokens_request, parse_request,
     parse_request_within,
 };
-pub use response::{build_response, parse_response};
+pub use response::{build_response, parse_response, scan_response};
 pub use stream::{StreamDecoder, StreamEncoder, is_plain_delta};
 
 /// Anthropic's error body for an HTTP status: `{"type":"error","error":{"type","message"}}`.

@@ -224,8 +224,11 @@ fn seeds() -> Vec<Value> {
     ]
 }
 
-/// Everything that takes bytes, applied to `body`: parses never panic, and what parses builds.
-fn exercise(body: &[u8], case: &str) {
+/// Everything that takes bytes, applied to `body`: parses never panic, what parses builds, and
+/// what a dialect's scan accepts its parse accepts and reads alike. Returns how many scans
+/// accepted `body`.
+fn exercise(body: &[u8], case: &str) -> usize {
+    let mut scanned_bodies = 0;
     for d in Dialect::ALL {
         match d.parse_request(body) {
             Ok(r) => {
@@ -239,6 +242,17 @@ fn exercise(body: &[u8], case: &str) {
                 }
             }
             Err(reason) => assert!(!reason.to_string().is_empty(), "{case}: empty reason"),
+        }
+        if let Some(scanned) = d.scan_response(body) {
+            scanned_bodies += 1;
+            match d.parse_response(body) {
+                Ok(r) => assert_eq!(
+                    (scanned.usage, scanned.model.as_str()),
+                    (r.usage, r.model.as_str()),
+                    "{case}: {d}'s scan reads other usage or another model than its parse"
+                ),
+                Err(e) => panic!("{case}: {d}'s scan accepts what its parse rejects: {e}"),
+            }
         }
         match d.parse_response(body) {
             Ok(r) => {
@@ -254,6 +268,7 @@ fn exercise(body: &[u8], case: &str) {
         }
     }
     let _ = super::parse_embeddings_request(body);
+    scanned_bodies
 }
 
 #[test]
@@ -280,6 +295,7 @@ fn every_truncation_of_valid_bodies_is_handled() {
 #[test]
 fn mutated_and_random_json_never_panics() {
     let seeds = seeds();
+    let mut scanned = 0;
     for i in 0..4000u64 {
         let mut rng = StdRng::seed_from_u64(i);
         let v = if i % 4 == 0 {
@@ -291,8 +307,10 @@ fn mutated_and_random_json_never_panics() {
             }
             v
         };
-        exercise(&serde_json::to_vec(&v).unwrap(), &format!("seed {i}: {v}"));
+        scanned += exercise(&serde_json::to_vec(&v).unwrap(), &format!("seed {i}: {v}"));
     }
+    // The comparison above means something only if the scans accept a fair share of these.
+    assert!(scanned > 300, "only {scanned} bodies were scanned");
 }
 
 #[test]

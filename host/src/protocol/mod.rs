@@ -25,6 +25,7 @@ pub mod openai_chat;
 mod openai_parts;
 pub mod openai_responses;
 pub mod rename;
+pub mod scan;
 pub mod sse;
 
 pub use error::ProtocolError;
@@ -115,6 +116,28 @@ impl Dialect {
             Dialect::OpenAiChat => openai_chat::parse_response(body),
             Dialect::OpenAiResponses => openai_responses::parse_response(body),
             Dialect::AnthropicMessages => anthropic_messages::parse_response(body),
+        }
+    }
+
+    /// What a non-streaming (2xx) answer relayed unchanged tells the gateway: its usage and
+    /// model. The same verdict as [`Dialect::parse_response`], mostly without building a tree
+    /// (see [`scan`]).
+    pub fn summarize_response(self, body: &[u8]) -> Result<scan::Summary, ProtocolError> {
+        if let Some(summary) = self.scan_response(body) {
+            return Ok(summary);
+        }
+        self.parse_response(body).map(|r| scan::Summary {
+            usage: r.usage,
+            model: r.model,
+        })
+    }
+
+    /// The fast path of [`Dialect::summarize_response`]: `None` when the full parse must decide.
+    pub fn scan_response(self, body: &[u8]) -> Option<scan::Summary> {
+        match self {
+            Dialect::OpenAiChat => openai_chat::scan_response(body),
+            Dialect::OpenAiResponses => openai_responses::scan_response(body),
+            Dialect::AnthropicMessages => anthropic_messages::scan_response(body),
         }
     }
 

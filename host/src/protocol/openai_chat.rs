@@ -11,7 +11,7 @@ mod response;
 mod stream;
 
 pub use request::{build_request, empty_schema, parse_request, parse_request_within};
-pub use response::{build_response, parse_response};
+pub use response::{build_response, parse_response, scan_response};
 pub use stream::{StreamDecoder, StreamEncoder, is_plain_delta};
 
 /// The error body of OpenAI's API for an HTTP status: `{"error":{"message","type","param","code"}}`.

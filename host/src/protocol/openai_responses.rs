@@ -11,7 +11,7 @@ mod response;
 mod stream;
 
 pub use request::{build_request, parse_request, parse_request_within};
-pub use response::{build_response, parse_response};
+pub use response::{build_response, parse_response, scan_response};
 pub use stream::{StreamDecoder, StreamEncoder};
 
 /// The error body of OpenAI's API (the Responses API shares Chat Completions' shape).

@@ -187,22 +187,24 @@ impl<'a> Attempt<'a> {
         inbound: &Inbound,
     ) -> Result<(Bytes, ir::Usage, String), AttemptError> {
         let body = self.client.read_body(response).await?;
-        let parsed = dialect
-            .parse_response(&body)
-            .map_err(|e| AttemptError::InvalidResponse(e.to_string()))?;
-        let body = if dialect == inbound.dialect {
-            rename_model(
+        let invalid =
+            |e: crate::protocol::ProtocolError| AttemptError::InvalidResponse(e.to_string());
+        if dialect == inbound.dialect {
+            // Relayed as it came: only what it tells the gateway is read, not the whole answer.
+            let summary = dialect.summarize_response(&body).map_err(invalid)?;
+            let body = rename_model(
                 body,
                 &self.upstream.provider_model_id,
                 &inbound.request.model,
-            )
-        } else {
-            Bytes::from(
-                inbound
-                    .dialect
-                    .build_response(&parsed, &inbound.request.model),
-            )
-        };
+            );
+            return Ok((body, summary.usage, summary.model));
+        }
+        let parsed = dialect.parse_response(&body).map_err(invalid)?;
+        let body = Bytes::from(
+            inbound
+                .dialect
+                .build_response(&parsed, &inbound.request.model),
+        );
         Ok((body, parsed.usage, parsed.model))
     }
 
@@ -270,11 +272,11 @@ impl<'a> Attempt<'a> {
             .await;
         let result = match sent {
             Ok(response) => self.client.read_body(response).await.and_then(|b| {
-                serde_json::from_slice::<serde_json::Value>(&b)
-                    .ok()
-                    .filter(|v| v.get("data").is_some_and(|d| d.is_array()))
-                    .map(|_| b)
-                    .ok_or_else(|| AttemptError::InvalidResponse("no `data` array".into()))
+                if crate::protocol::scan::is_embeddings_answer(&b) {
+                    Ok(b)
+                } else {
+                    Err(AttemptError::InvalidResponse("no `data` array".into()))
+                }
             }),
             Err(e) => Err(e),
         };

@@ -1,10 +1,12 @@
 //! Anthropic Messages answers ↔ IR.
 
+use serde::de::MapAccess;
 use serde_json::{Value, json};
 
 use super::request::arguments_object;
 use crate::protocol::ir::{FinishReason, Output, Response, ToolCall, Usage};
 use crate::protocol::json::{self, Obj};
+use crate::protocol::scan::{self, Each, Fields, IsStr, Object, Summary, Text, tokens};
 use crate::protocol::{ProtocolError, ids};
 
 /// Reads an upstream's non-streaming answer.
@@ -58,6 +60,135 @@ fn read_response(bytes: &[u8]) -> Result<Response, ProtocolError> {
         stop_sequence,
         usage: body.get("usage").map(parse_usage).unwrap_or_default(),
     })
+}
+
+/// The fast path of [`parse_response`] for an answer relayed unchanged: its usage and model, or
+/// `None` when the full parse must decide (see `protocol::scan`). It checks what
+/// [`read_response`] checks, over the same keys.
+pub fn scan_response(bytes: &[u8]) -> Option<Summary> {
+    let Object(body) = scan::scan::<Object<ScannedBody>>(bytes)?;
+    let usage = body.usage.map_or_else(Usage::default, |Object(u)| {
+        let cached = tokens(u.cache_read_input_tokens);
+        let created = tokens(u.cache_creation_input_tokens);
+        Usage {
+            input_tokens: tokens(u.input_tokens)
+                .saturating_add(cached)
+                .saturating_add(created),
+            output_tokens: tokens(u.output_tokens),
+            cached_input_tokens: cached,
+            cache_creation_input_tokens: created,
+            reasoning_tokens: 0,
+        }
+    });
+    Some(Summary {
+        usage,
+        model: body.model.map(|m| m.0.into_owned()).unwrap_or_default(),
+    })
+}
+
+#[derive(Default)]
+struct ScannedBody<'de> {
+    content: bool,
+    model: Option<Text<'de>>,
+    usage: Option<Object<ScannedUsage>>,
+}
+
+impl<'de> Fields<'de> for ScannedBody<'de> {
+    const KEYS: &'static [&'static str] = &["type", "content", "stop_sequence", "model", "usage"];
+
+    fn read<A: MapAccess<'de>>(&mut self, key: &'static str, map: &mut A) -> Result<(), A::Error> {
+        match key {
+            "type" => {
+                if map
+                    .next_value::<Option<Text<'de>>>()?
+                    .is_some_and(|t| t.0 == "error")
+                {
+                    return Err(serde::de::Error::custom("an error answer"));
+                }
+            }
+            "content" => {
+                self.content = map
+                    .next_value::<Option<Each<Object<ScannedBlock>>>>()?
+                    .is_some();
+            }
+            "stop_sequence" => {
+                map.next_value::<Option<IsStr>>()?;
+            }
+            "model" => self.model = map.next_value()?,
+            "usage" => self.usage = map.next_value()?,
+            other => return Err(scan::unread(other)),
+        }
+        Ok(())
+    }
+
+    fn complete(&self) -> bool {
+        self.content
+    }
+}
+
+/// A content block: its `type` is required; a `tool_use` block needs its id and name.
+#[derive(Default)]
+struct ScannedBlock<'de> {
+    kind: Option<Text<'de>>,
+    id: bool,
+    name: bool,
+}
+
+impl<'de> Fields<'de> for ScannedBlock<'de> {
+    const KEYS: &'static [&'static str] = &["type", "text", "thinking", "signature", "id", "name"];
+
+    fn read<A: MapAccess<'de>>(&mut self, key: &'static str, map: &mut A) -> Result<(), A::Error> {
+        let non_blank = |t: Option<Text<'de>>| t.is_some_and(|t| !t.is_blank());
+        match key {
+            "type" => self.kind = map.next_value()?,
+            "text" | "thinking" | "signature" => {
+                map.next_value::<Option<IsStr>>()?;
+            }
+            "id" => self.id = non_blank(map.next_value()?),
+            "name" => self.name = non_blank(map.next_value()?),
+            other => return Err(scan::unread(other)),
+        }
+        Ok(())
+    }
+
+    fn complete(&self) -> bool {
+        match &self.kind {
+            None => false,
+            Some(kind) if kind.is_blank() => false,
+            Some(kind) if kind.0 == "tool_use" => self.id && self.name,
+            Some(_) => true,
+        }
+    }
+}
+
+#[derive(Default)]
+struct ScannedUsage {
+    input_tokens: Option<u64>,
+    output_tokens: Option<u64>,
+    cache_read_input_tokens: Option<u64>,
+    cache_creation_input_tokens: Option<u64>,
+}
+
+impl<'de> Fields<'de> for ScannedUsage {
+    const KEYS: &'static [&'static str] = &[
+        "input_tokens",
+        "output_tokens",
+        "cache_read_input_tokens",
+        "cache_creation_input_tokens",
+    ];
+
+    fn read<A: MapAccess<'de>>(&mut self, key: &'static str, map: &mut A) -> Result<(), A::Error> {
+        match key {
+            "input_tokens" => self.input_tokens = map.next_value()?,
+            "output_tokens" => self.output_tokens = map.next_value()?,
+            "cache_read_input_tokens" => self.cache_read_input_tokens = map.next_value()?,
+            "cache_creation_input_tokens" => {
+                self.cache_creation_input_tokens = map.next_value()?;
+            }
+            other => return Err(scan::unread(other)),
+        }
+        Ok(())
+    }
 }
 
 pub(super) fn parse_stop_reason(s: &str) -> FinishReason {

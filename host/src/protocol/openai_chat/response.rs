@@ -1,10 +1,14 @@
 //! Chat Completions answers ↔ IR.
 
+use serde::de::{MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value, json};
 
 use super::request::arguments_text;
 use crate::protocol::ir::{FinishReason, Output, Response, ToolCall, Usage};
 use crate::protocol::json::{self, Obj};
+use crate::protocol::scan::{
+    self, Checked, Each, Fields, First, IsStr, Object, Summary, Text, TokenDetails, tokens,
+};
 use crate::protocol::{ProtocolError, ids};
 
 /// Reads an upstream's non-streaming answer.
@@ -97,6 +101,208 @@ fn read_response(bytes: &[u8]) -> Result<Response, ProtocolError> {
         stop_sequence: None,
         usage: body.get("usage").map(parse_usage).unwrap_or_default(),
     })
+}
+
+/// The fast path of [`parse_response`] for an answer relayed unchanged: its usage and model, or
+/// `None` when the full parse must decide (see `protocol::scan`). It checks what
+/// [`read_response`] checks, over the same keys.
+pub fn scan_response(bytes: &[u8]) -> Option<Summary> {
+    let Object(body) = scan::scan::<Object<ScannedBody>>(bytes)?;
+    let usage = body.usage.map_or_else(Usage::default, |Object(u)| Usage {
+        input_tokens: tokens(u.prompt_tokens),
+        output_tokens: tokens(u.completion_tokens),
+        cached_input_tokens: tokens(u.prompt_details.and_then(|d| d.0.cached_tokens)),
+        cache_creation_input_tokens: 0,
+        reasoning_tokens: tokens(u.completion_details.and_then(|d| d.0.reasoning_tokens)),
+    });
+    Some(Summary {
+        usage,
+        model: body.model.map(|m| m.0.into_owned()).unwrap_or_default(),
+    })
+}
+
+#[derive(Default)]
+struct ScannedBody<'de> {
+    choices: bool,
+    model: Option<Text<'de>>,
+    usage: Option<Object<ScannedUsage>>,
+}
+
+impl<'de> Fields<'de> for ScannedBody<'de> {
+    const KEYS: &'static [&'static str] = &["error", "choices", "model", "usage"];
+
+    fn read<A: MapAccess<'de>>(&mut self, key: &'static str, map: &mut A) -> Result<(), A::Error> {
+        match key {
+            "error" => scan::expect_null(map)?,
+            "choices" => {
+                self.choices = map
+                    .next_value::<Option<First<Object<ScannedChoice>>>>()?
+                    .is_some();
+            }
+            "model" => self.model = map.next_value()?,
+            "usage" => self.usage = map.next_value()?,
+            other => return Err(scan::unread(other)),
+        }
+        Ok(())
+    }
+
+    fn complete(&self) -> bool {
+        self.choices
+    }
+}
+
+#[derive(Default)]
+struct ScannedChoice {
+    message: bool,
+}
+
+impl<'de> Fields<'de> for ScannedChoice {
+    const KEYS: &'static [&'static str] = &["message"];
+
+    fn read<A: MapAccess<'de>>(&mut self, key: &'static str, map: &mut A) -> Result<(), A::Error> {
+        match key {
+            "message" => {
+                self.message = map
+                    .next_value::<Option<Object<ScannedMessage>>>()?
+                    .is_some();
+            }
+            other => return Err(scan::unread(other)),
+        }
+        Ok(())
+    }
+
+    fn complete(&self) -> bool {
+        self.message
+    }
+}
+
+#[derive(Default)]
+struct ScannedMessage;
+
+impl<'de> Fields<'de> for ScannedMessage {
+    const KEYS: &'static [&'static str] =
+        &["reasoning_content", "content", "refusal", "tool_calls"];
+
+    fn read<A: MapAccess<'de>>(&mut self, key: &'static str, map: &mut A) -> Result<(), A::Error> {
+        match key {
+            "reasoning_content" | "refusal" => {
+                map.next_value::<Option<IsStr>>()?;
+            }
+            // Some servers answer with text parts, which the full parse reads leniently.
+            "content" => {
+                map.next_value::<Option<ScannedContent>>()?;
+            }
+            "tool_calls" => {
+                map.next_value::<Option<Each<Object<ScannedToolCall>>>>()?;
+            }
+            other => return Err(scan::unread(other)),
+        }
+        Ok(())
+    }
+}
+
+/// A message's `content`: a string or an array of anything.
+struct ScannedContent;
+
+impl<'de> serde::Deserialize<'de> for ScannedContent {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct ContentVisitor;
+        impl<'de> Visitor<'de> for ContentVisitor {
+            type Value = ScannedContent;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string or an array")
+            }
+            fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<ScannedContent, E> {
+                Ok(ScannedContent)
+            }
+            fn visit_seq<S: SeqAccess<'de>>(self, mut seq: S) -> Result<ScannedContent, S::Error> {
+                while seq.next_element::<Checked>()?.is_some() {}
+                Ok(ScannedContent)
+            }
+        }
+        d.deserialize_any(ContentVisitor)
+    }
+}
+
+#[derive(Default)]
+struct ScannedToolCall {
+    function: bool,
+}
+
+impl<'de> Fields<'de> for ScannedToolCall {
+    const KEYS: &'static [&'static str] = &["id", "function"];
+
+    fn read<A: MapAccess<'de>>(&mut self, key: &'static str, map: &mut A) -> Result<(), A::Error> {
+        match key {
+            "id" => {
+                map.next_value::<Option<IsStr>>()?;
+            }
+            "function" => {
+                self.function = map
+                    .next_value::<Option<Object<ScannedFunction>>>()?
+                    .is_some();
+            }
+            other => return Err(scan::unread(other)),
+        }
+        Ok(())
+    }
+
+    fn complete(&self) -> bool {
+        self.function
+    }
+}
+
+#[derive(Default)]
+struct ScannedFunction {
+    named: bool,
+}
+
+impl<'de> Fields<'de> for ScannedFunction {
+    const KEYS: &'static [&'static str] = &["name"];
+
+    fn read<A: MapAccess<'de>>(&mut self, key: &'static str, map: &mut A) -> Result<(), A::Error> {
+        match key {
+            "name" => {
+                self.named = map
+                    .next_value::<Option<Text<'de>>>()?
+                    .is_some_and(|n| !n.is_blank());
+            }
+            other => return Err(scan::unread(other)),
+        }
+        Ok(())
+    }
+
+    fn complete(&self) -> bool {
+        self.named
+    }
+}
+
+#[derive(Default)]
+struct ScannedUsage {
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    prompt_details: Option<Object<TokenDetails>>,
+    completion_details: Option<Object<TokenDetails>>,
+}
+
+impl<'de> Fields<'de> for ScannedUsage {
+    const KEYS: &'static [&'static str] = &[
+        "prompt_tokens",
+        "completion_tokens",
+        "prompt_tokens_details",
+        "completion_tokens_details",
+    ];
+
+    fn read<A: MapAccess<'de>>(&mut self, key: &'static str, map: &mut A) -> Result<(), A::Error> {
+        match key {
+            "prompt_tokens" => self.prompt_tokens = map.next_value()?,
+            "completion_tokens" => self.completion_tokens = map.next_value()?,
+            "prompt_tokens_details" => self.prompt_details = map.next_value()?,
+            "completion_tokens_details" => self.completion_details = map.next_value()?,
+            other => return Err(scan::unread(other)),
+        }
+        Ok(())
+    }
 }
 
 pub(super) fn parse_finish(s: &str) -> FinishReason {

@@ -1,10 +1,14 @@
 //! Responses answers ↔ IR.
 
+use serde::de::MapAccess;
 use serde_json::{Value, json};
 
 use super::item_id;
 use crate::protocol::ir::{FinishReason, Output, Response, ToolCall, Usage};
 use crate::protocol::json::{self, Obj};
+use crate::protocol::scan::{
+    self, Checked, Each, Fields, IsStr, Object, Summary, Text, TokenDetails, tokens,
+};
 use crate::protocol::{ProtocolError, ids};
 
 /// Reads an upstream's non-streaming answer.
@@ -76,6 +80,126 @@ fn read_response(bytes: &[u8]) -> Result<Response, ProtocolError> {
         stop_sequence: None,
         usage: body.get("usage").map(parse_usage).unwrap_or_default(),
     })
+}
+
+/// The fast path of [`parse_response`] for an answer relayed unchanged: its usage and model, or
+/// `None` when the full parse must decide (see `protocol::scan`). It checks what
+/// [`read_response`] checks, over the same keys.
+pub fn scan_response(bytes: &[u8]) -> Option<Summary> {
+    let Object(body) = scan::scan::<Object<ScannedBody>>(bytes)?;
+    let usage = body.usage.map_or_else(Usage::default, |Object(u)| Usage {
+        input_tokens: tokens(u.input_tokens),
+        output_tokens: tokens(u.output_tokens),
+        cached_input_tokens: tokens(u.input_details.and_then(|d| d.0.cached_tokens)),
+        cache_creation_input_tokens: 0,
+        reasoning_tokens: tokens(u.output_details.and_then(|d| d.0.reasoning_tokens)),
+    });
+    Some(Summary {
+        usage,
+        model: body.model.map(|m| m.0.into_owned()).unwrap_or_default(),
+    })
+}
+
+#[derive(Default)]
+struct ScannedBody<'de> {
+    output: bool,
+    model: Option<Text<'de>>,
+    usage: Option<Object<ScannedUsage>>,
+}
+
+impl<'de> Fields<'de> for ScannedBody<'de> {
+    const KEYS: &'static [&'static str] = &["status", "error", "output", "model", "usage"];
+
+    fn read<A: MapAccess<'de>>(&mut self, key: &'static str, map: &mut A) -> Result<(), A::Error> {
+        match key {
+            "status" => {
+                if map
+                    .next_value::<Option<Text<'de>>>()?
+                    .is_some_and(|s| s.0 == "failed")
+                {
+                    return Err(serde::de::Error::custom("a failed response"));
+                }
+            }
+            "error" => scan::expect_null(map)?,
+            "output" => {
+                self.output = map
+                    .next_value::<Option<Each<Object<ScannedItem>>>>()?
+                    .is_some();
+            }
+            "model" => self.model = map.next_value()?,
+            "usage" => self.usage = map.next_value()?,
+            other => return Err(scan::unread(other)),
+        }
+        Ok(())
+    }
+
+    fn complete(&self) -> bool {
+        self.output
+    }
+}
+
+/// An output item: a `function_call` needs its call id and name.
+#[derive(Default)]
+struct ScannedItem<'de> {
+    kind: Option<Text<'de>>,
+    call_id: bool,
+    name: bool,
+}
+
+impl<'de> Fields<'de> for ScannedItem<'de> {
+    const KEYS: &'static [&'static str] = &["type", "content", "call_id", "name", "arguments"];
+
+    fn read<A: MapAccess<'de>>(&mut self, key: &'static str, map: &mut A) -> Result<(), A::Error> {
+        let non_blank = |t: Option<Text<'de>>| t.is_some_and(|t| !t.is_blank());
+        match key {
+            "type" => self.kind = map.next_value()?,
+            "content" => {
+                map.next_value::<Option<Each<Checked>>>()?;
+            }
+            "call_id" => self.call_id = non_blank(map.next_value()?),
+            "name" => self.name = non_blank(map.next_value()?),
+            "arguments" => {
+                map.next_value::<Option<IsStr>>()?;
+            }
+            other => return Err(scan::unread(other)),
+        }
+        Ok(())
+    }
+
+    fn complete(&self) -> bool {
+        match &self.kind {
+            Some(kind) if kind.0 == "function_call" => self.call_id && self.name,
+            _ => true,
+        }
+    }
+}
+
+#[derive(Default)]
+struct ScannedUsage {
+    input_tokens: Option<u64>,
+    output_tokens: Option<u64>,
+    input_details: Option<Object<TokenDetails>>,
+    output_details: Option<Object<TokenDetails>>,
+}
+
+impl<'de> Fields<'de> for ScannedUsage {
+    const KEYS: &'static [&'static str] = &[
+        "input_tokens",
+        "output_tokens",
+        "input_tokens_details",
+        "output_tokens_details",
+    ];
+
+    fn read<A: MapAccess<'de>>(&mut self, key: &'static str, map: &mut A) -> Result<(), A::Error> {
+        match key {
+            "input_tokens" => self.input_tokens = map.next_value()?,
+            "output_tokens" => self.output_tokens = map.next_value()?,
+            "input_tokens_details" => self.input_details = map.next_value()?,
+            "output_tokens_details" => self.output_details = map.next_value()?,
+            other => return Err(scan::unread(other)),
+        }
+        Ok(())
+    }
 }
 
 fn reasoning_text(parts: Option<&Value>) -> Option<String> {
