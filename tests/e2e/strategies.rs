@@ -206,6 +206,31 @@ async fn an_endless_loop_hits_the_deadline_and_the_instance_recovers() {
 }
 
 #[tokio::test]
+async fn an_endless_loop_after_a_quiet_spell_still_hits_the_deadline() {
+    let engine = engine();
+    let r = router(&engine, "spin_forever").await;
+    // With no guest code running, the epoch ticker parks; the call must wake it.
+    let until = Instant::now() + Duration::from_secs(30);
+    while !engine.epoch_ticker_parked() {
+        assert!(Instant::now() < until, "the ticker never parked");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let started = Instant::now();
+    let err = r.select(&request(), &candidates()).await.unwrap_err();
+    let took = started.elapsed();
+    assert!(
+        err.to_string().contains("exceeded its deadline of 20 ms"),
+        "{err}"
+    );
+    // Woken, the ticker stops the loop after ~20 ms of wall and 20 ms of CPU time; left parked,
+    // it would tick every 100 ms and take 2 s to count the deadline's 20 ticks.
+    assert!(
+        took < Duration::from_secs(1),
+        "the call did not wake the ticker ({took:?})"
+    );
+}
+
+#[tokio::test]
 async fn a_gigabyte_allocation_hits_the_memory_cap() {
     let engine = engine();
     let r = router(&engine, "allocate_gigabyte").await;

@@ -656,6 +656,7 @@ async fn compile_and_ask(
 
     // Ask the component who it is and what it accepts, in a throwaway instance.
     let stem = stem(path);
+    let _running = engine.guest_running();
     let mut store = engine.new_store(&stem);
     let guest = pre
         .instantiate(&mut store)

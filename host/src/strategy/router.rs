@@ -90,6 +90,7 @@ impl ModelRouter {
 
     async fn instantiate(&self) -> Result<LiveInstance, StrategyError> {
         let s = &self.strategy;
+        let _running = self.engine.guest_running();
         let mut store = self.engine.new_store(&s.label());
         let mut guest = match bounded(SETUP_TIMEOUT, s.pre.instantiate(&mut store)).await {
             Ok(g) => g,
@@ -274,6 +275,7 @@ impl ModelRouter {
             _ => self.engine.limits().call_timeout,
         };
         let name = call.name(live.guest.version());
+        let _running = self.engine.guest_running();
         arm(&mut live.store, deadline);
         // Boxed: wasmtime's call future is kilobytes, and inline it sized the future of every
         // request's selection.
