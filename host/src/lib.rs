@@ -18,6 +18,7 @@ pub mod config;
 pub mod entity;
 pub mod fleet;
 pub mod gateway;
+pub mod id_map;
 pub mod inbound_routes;
 pub mod mock;
 pub mod protocol;

@@ -721,7 +721,7 @@ async fn exchange_backlog(fleet: Weak<Fleet>, routing: RoutingContext) {
             Ok(Ok((all,))) => {
                 fleet.set_link(true, None);
                 let fresh = backlog_freshness(period).as_millis() as u64;
-                let mut sum: HashMap<String, Load> = HashMap::new();
+                let mut sum: crate::id_map::IdMap<String, Load> = Default::default();
                 let mut seen = 0;
                 let mut stale = Vec::new();
                 for (replica, json) in &all {
@@ -758,11 +758,11 @@ async fn exchange_backlog(fleet: Weak<Fleet>, routing: RoutingContext) {
             }
             Ok(Err(e)) => {
                 fleet.set_link(false, Some(e.to_string()));
-                routing.prefill.set_remote(HashMap::new());
+                routing.prefill.set_remote(Default::default());
             }
             Err(_) => {
                 fleet.set_link(false, Some("no answer within 2 s".into()));
-                routing.prefill.set_remote(HashMap::new());
+                routing.prefill.set_remote(Default::default());
             }
         }
         refresh_quota_counts(&fleet).await;

@@ -12,7 +12,7 @@
 //! reports. Success closes the breaker, failure reopens it. A claim expires after `cooldown`, so a
 //! probe whose caller vanished cannot wedge the endpoint.
 
-use std::collections::HashMap;
+use crate::id_map::IdMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -140,7 +140,7 @@ pub struct EndpointReport {
 #[derive(Debug)]
 pub struct HealthRegistry {
     config: HealthConfig,
-    endpoints: RwLock<HashMap<String, Arc<Mutex<EndpointState>>>>,
+    endpoints: RwLock<IdMap<String, Arc<Mutex<EndpointState>>>>,
     next_probe: AtomicU64,
     /// Told of every breaker transition this process decides (set once, by the fleet).
     peers: OnceLock<Arc<dyn super::peers::Peers>>,
@@ -150,7 +150,7 @@ impl HealthRegistry {
     pub fn new(config: HealthConfig) -> Self {
         Self {
             config,
-            endpoints: RwLock::new(HashMap::new()),
+            endpoints: RwLock::new(IdMap::default()),
             next_probe: AtomicU64::new(1),
             peers: OnceLock::new(),
         }

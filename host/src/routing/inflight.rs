@@ -6,14 +6,14 @@
 //! map of endpoints is only written the first time an endpoint is seen (endpoints come from config,
 //! so it stays small).
 
-use std::collections::HashMap;
+use crate::id_map::IdMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Per-endpoint counters of attempts in flight.
 #[derive(Debug, Default)]
 pub struct InFlight {
-    endpoints: parking_lot::RwLock<HashMap<String, Arc<AtomicU32>>>,
+    endpoints: parking_lot::RwLock<IdMap<String, Arc<AtomicU32>>>,
 }
 
 /// One attempt in flight; counted out when dropped.

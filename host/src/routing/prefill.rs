@@ -11,6 +11,8 @@
 //! publication); hints and leases stay per process.
 
 use std::collections::HashMap;
+
+use crate::id_map::IdMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -50,7 +52,7 @@ struct EndpointLoad {
 
 #[derive(Debug, Default)]
 struct State {
-    endpoints: HashMap<String, EndpointLoad>,
+    endpoints: IdMap<String, EndpointLoad>,
     /// (caller, endpoint) → (prompt tokens of the last completed request, when).
     hints: HashMap<(Arc<str>, String), (u64, Instant)>,
 }
@@ -68,7 +70,7 @@ pub struct PrefillTracker {
     config: PrefillConfig,
     state: Arc<Mutex<State>>,
     /// The other replicas' load per endpoint, summed (empty without a fleet).
-    remote: parking_lot::RwLock<HashMap<String, Load>>,
+    remote: parking_lot::RwLock<IdMap<String, Load>>,
 }
 
 impl PrefillTracker {
@@ -81,7 +83,7 @@ impl PrefillTracker {
     }
 
     /// The other replicas' load per endpoint, summed; replaces the previous sum.
-    pub fn set_remote(&self, remote: HashMap<String, Load>) {
+    pub fn set_remote(&self, remote: IdMap<String, Load>) {
         *self.remote.write() = remote;
     }
 

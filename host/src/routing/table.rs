@@ -4,6 +4,8 @@
 //! that replaces the old one atomically, so a request always sees one consistent version.
 
 use std::collections::{HashMap, HashSet};
+
+use crate::id_map::IdMap;
 use std::sync::Arc;
 
 use crate::config::{Config, ModelConfig, ModelUpstream};
@@ -51,8 +53,8 @@ pub struct PendingModel {
 /// All served models, by canonical id, with aliases resolved to the canonical entry.
 #[derive(Debug, Default)]
 pub struct ModelTable {
-    models: HashMap<String, Arc<ModelEntry>>,
-    aliases: HashMap<String, String>,
+    models: IdMap<String, Arc<ModelEntry>>,
+    aliases: IdMap<String, String>,
     /// Canonical ids in config order, for listings.
     order: Vec<String>,
     /// Models waiting for their strategy, by id and by alias.

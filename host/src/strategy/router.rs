@@ -48,7 +48,7 @@ pub struct ModelRouter {
     pub stats: RouterStats,
     /// When each endpoint (by id) last finished an attempt, and when the router was created, in
     /// ms since the Unix epoch: what the RouteWise prober calls idle.
-    activity: parking_lot::Mutex<(u64, std::collections::HashMap<String, u64>)>,
+    activity: parking_lot::Mutex<(u64, crate::id_map::IdMap<String, u64>)>,
     /// A model's shadow ([`super::shadow`]): its selects and failures are the shadow's metrics,
     /// not the model's strategy's, and nothing falls back to declared order.
     shadow: bool,

@@ -5,7 +5,7 @@
 //! again into its own types and back); it stays only for a gateway whose environment names a proxy
 //! (`HTTPS_PROXY` and friends), which reqwest implements and hyper does not.
 
-use std::collections::HashMap;
+use crate::id_map::IdMap;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -126,7 +126,7 @@ pub struct UpstreamClient {
     pub(super) max_event_bytes: usize,
     /// Upstream URLs already parsed: a route's URL is the same string on every call, and parsing
     /// it showed in profiles under load.
-    urls: Arc<RwLock<HashMap<String, Target>>>,
+    urls: Arc<RwLock<IdMap<String, Target>>>,
 }
 
 /// An upstream URL as sent: the URI without its user information, which becomes Basic auth.
