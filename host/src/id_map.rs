@@ -6,5 +6,6 @@
 //! needed where the keys come from config or the admin API; maps keyed by what a client sends
 //! (caller keys, session ids) keep the standard hasher.
 
-/// A `HashMap` for keys the operator chose (see the module's doc).
+/// A `HashMap` for keys the operator chose (see the module's doc). foldhash's `std` feature stays
+/// off, as hashbrown (wasmtime, cranelift) takes it: turned on here, it rebuilt all of those.
 pub type IdMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
