@@ -17,7 +17,7 @@ use super::wit::{Linkers, StoreState};
 const EPOCH_TICK: Duration = Duration::from_millis(1);
 
 /// Ticks without guest code before the ticker parks.
-const PARK_AFTER_IDLE_TICKS: u32 = 100;
+const PARK_AFTER_IDLE_TICKS: u32 = 20;
 
 /// How often a parked ticker still ticks: a guest entry that did not say it was running (see
 /// [`StrategyEngine::guest_running`]) is still stopped, a hundred times later than its deadline,
