@@ -276,11 +276,91 @@ pub(crate) fn unread<E: de::Error>(key: &str) -> E {
     E::custom(format_args!("the scan lists `{key}` but does not read it"))
 }
 
-/// The `*_tokens_details` objects of OpenAI usage; a scan reads both keys in either object.
+/// OpenAI's usage object under Chat's names (`prompt_tokens`, …) or Responses' (`input_tokens`,
+/// …). A scan reads both sets in either dialect, and each `*_details` key in both details
+/// objects: a key it reads and the full parse ignores can only make it give up.
 #[derive(Default)]
-pub(crate) struct TokenDetails {
-    pub cached_tokens: Option<u64>,
-    pub reasoning_tokens: Option<u64>,
+pub(crate) struct OpenAiUsage {
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    input_tokens: Option<u64>,
+    output_tokens: Option<u64>,
+    prompt_details: Option<Object<TokenDetails>>,
+    completion_details: Option<Object<TokenDetails>>,
+    input_details: Option<Object<TokenDetails>>,
+    output_details: Option<Object<TokenDetails>>,
+}
+
+impl OpenAiUsage {
+    /// As Chat Completions names it.
+    pub fn chat(self) -> Usage {
+        Self::usage(
+            self.prompt_tokens,
+            self.completion_tokens,
+            self.prompt_details,
+            self.completion_details,
+        )
+    }
+
+    /// As Responses names it.
+    pub fn responses(self) -> Usage {
+        Self::usage(
+            self.input_tokens,
+            self.output_tokens,
+            self.input_details,
+            self.output_details,
+        )
+    }
+
+    fn usage(
+        input: Option<u64>,
+        output: Option<u64>,
+        input_details: Option<Object<TokenDetails>>,
+        output_details: Option<Object<TokenDetails>>,
+    ) -> Usage {
+        Usage {
+            input_tokens: tokens(input),
+            output_tokens: tokens(output),
+            cached_input_tokens: tokens(input_details.and_then(|d| d.0.cached_tokens)),
+            cache_creation_input_tokens: 0,
+            reasoning_tokens: tokens(output_details.and_then(|d| d.0.reasoning_tokens)),
+        }
+    }
+}
+
+impl<'de> Fields<'de> for OpenAiUsage {
+    const KEYS: &'static [&'static str] = &[
+        "prompt_tokens",
+        "completion_tokens",
+        "input_tokens",
+        "output_tokens",
+        "prompt_tokens_details",
+        "completion_tokens_details",
+        "input_tokens_details",
+        "output_tokens_details",
+    ];
+
+    fn read<A: MapAccess<'de>>(&mut self, key: &'static str, map: &mut A) -> Result<(), A::Error> {
+        match key {
+            "prompt_tokens" => self.prompt_tokens = map.next_value()?,
+            "completion_tokens" => self.completion_tokens = map.next_value()?,
+            "input_tokens" => self.input_tokens = map.next_value()?,
+            "output_tokens" => self.output_tokens = map.next_value()?,
+            "prompt_tokens_details" => self.prompt_details = map.next_value()?,
+            "completion_tokens_details" => self.completion_details = map.next_value()?,
+            "input_tokens_details" => self.input_details = map.next_value()?,
+            "output_tokens_details" => self.output_details = map.next_value()?,
+            other => return Err(unread(other)),
+        }
+        Ok(())
+    }
+}
+
+/// The `*_tokens_details` objects of OpenAI usage.
+#[derive(Default)]
+struct TokenDetails {
+    cached_tokens: Option<u64>,
+    reasoning_tokens: Option<u64>,
 }
 
 impl<'de> Fields<'de> for TokenDetails {

@@ -7,7 +7,7 @@ use super::request::arguments_text;
 use crate::protocol::ir::{FinishReason, Output, Response, ToolCall, Usage};
 use crate::protocol::json::{self, Obj};
 use crate::protocol::scan::{
-    self, Checked, Each, Fields, First, IsStr, Object, Summary, Text, TokenDetails, tokens,
+    self, Checked, Each, Fields, First, IsStr, Object, OpenAiUsage, Summary, Text,
 };
 use crate::protocol::{ProtocolError, ids};
 
@@ -108,13 +108,7 @@ fn read_response(bytes: &[u8]) -> Result<Response, ProtocolError> {
 /// [`read_response`] checks, over the same keys.
 pub fn scan_response(bytes: &[u8]) -> Option<Summary> {
     let Object(body) = scan::scan::<Object<ScannedBody>>(bytes)?;
-    let usage = body.usage.map_or_else(Usage::default, |Object(u)| Usage {
-        input_tokens: tokens(u.prompt_tokens),
-        output_tokens: tokens(u.completion_tokens),
-        cached_input_tokens: tokens(u.prompt_details.and_then(|d| d.0.cached_tokens)),
-        cache_creation_input_tokens: 0,
-        reasoning_tokens: tokens(u.completion_details.and_then(|d| d.0.reasoning_tokens)),
-    });
+    let usage = body.usage.map_or_else(Usage::default, |Object(u)| u.chat());
     Some(Summary {
         usage,
         model: body.model.map(|m| m.0.into_owned()).unwrap_or_default(),
@@ -125,7 +119,7 @@ pub fn scan_response(bytes: &[u8]) -> Option<Summary> {
 struct ScannedBody<'de> {
     choices: bool,
     model: Option<Text<'de>>,
-    usage: Option<Object<ScannedUsage>>,
+    usage: Option<Object<OpenAiUsage>>,
 }
 
 impl<'de> Fields<'de> for ScannedBody<'de> {
@@ -274,34 +268,6 @@ impl<'de> Fields<'de> for ScannedFunction {
 
     fn complete(&self) -> bool {
         self.named
-    }
-}
-
-#[derive(Default)]
-struct ScannedUsage {
-    prompt_tokens: Option<u64>,
-    completion_tokens: Option<u64>,
-    prompt_details: Option<Object<TokenDetails>>,
-    completion_details: Option<Object<TokenDetails>>,
-}
-
-impl<'de> Fields<'de> for ScannedUsage {
-    const KEYS: &'static [&'static str] = &[
-        "prompt_tokens",
-        "completion_tokens",
-        "prompt_tokens_details",
-        "completion_tokens_details",
-    ];
-
-    fn read<A: MapAccess<'de>>(&mut self, key: &'static str, map: &mut A) -> Result<(), A::Error> {
-        match key {
-            "prompt_tokens" => self.prompt_tokens = map.next_value()?,
-            "completion_tokens" => self.completion_tokens = map.next_value()?,
-            "prompt_tokens_details" => self.prompt_details = map.next_value()?,
-            "completion_tokens_details" => self.completion_details = map.next_value()?,
-            other => return Err(scan::unread(other)),
-        }
-        Ok(())
     }
 }
 

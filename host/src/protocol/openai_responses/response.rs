@@ -7,7 +7,7 @@ use super::item_id;
 use crate::protocol::ir::{FinishReason, Output, Response, ToolCall, Usage};
 use crate::protocol::json::{self, Obj};
 use crate::protocol::scan::{
-    self, Checked, Each, Fields, IsStr, Object, Summary, Text, TokenDetails, tokens,
+    self, Checked, Each, Fields, IsStr, Object, OpenAiUsage, Summary, Text,
 };
 use crate::protocol::{ProtocolError, ids};
 
@@ -87,13 +87,9 @@ fn read_response(bytes: &[u8]) -> Result<Response, ProtocolError> {
 /// [`read_response`] checks, over the same keys.
 pub fn scan_response(bytes: &[u8]) -> Option<Summary> {
     let Object(body) = scan::scan::<Object<ScannedBody>>(bytes)?;
-    let usage = body.usage.map_or_else(Usage::default, |Object(u)| Usage {
-        input_tokens: tokens(u.input_tokens),
-        output_tokens: tokens(u.output_tokens),
-        cached_input_tokens: tokens(u.input_details.and_then(|d| d.0.cached_tokens)),
-        cache_creation_input_tokens: 0,
-        reasoning_tokens: tokens(u.output_details.and_then(|d| d.0.reasoning_tokens)),
-    });
+    let usage = body
+        .usage
+        .map_or_else(Usage::default, |Object(u)| u.responses());
     Some(Summary {
         usage,
         model: body.model.map(|m| m.0.into_owned()).unwrap_or_default(),
@@ -104,7 +100,7 @@ pub fn scan_response(bytes: &[u8]) -> Option<Summary> {
 struct ScannedBody<'de> {
     output: bool,
     model: Option<Text<'de>>,
-    usage: Option<Object<ScannedUsage>>,
+    usage: Option<Object<OpenAiUsage>>,
 }
 
 impl<'de> Fields<'de> for ScannedBody<'de> {
@@ -171,34 +167,6 @@ impl<'de> Fields<'de> for ScannedItem<'de> {
             Some(kind) if kind.0 == "function_call" => self.call_id && self.name,
             _ => true,
         }
-    }
-}
-
-#[derive(Default)]
-struct ScannedUsage {
-    input_tokens: Option<u64>,
-    output_tokens: Option<u64>,
-    input_details: Option<Object<TokenDetails>>,
-    output_details: Option<Object<TokenDetails>>,
-}
-
-impl<'de> Fields<'de> for ScannedUsage {
-    const KEYS: &'static [&'static str] = &[
-        "input_tokens",
-        "output_tokens",
-        "input_tokens_details",
-        "output_tokens_details",
-    ];
-
-    fn read<A: MapAccess<'de>>(&mut self, key: &'static str, map: &mut A) -> Result<(), A::Error> {
-        match key {
-            "input_tokens" => self.input_tokens = map.next_value()?,
-            "output_tokens" => self.output_tokens = map.next_value()?,
-            "input_tokens_details" => self.input_details = map.next_value()?,
-            "output_tokens_details" => self.output_details = map.next_value()?,
-            other => return Err(scan::unread(other)),
-        }
-        Ok(())
     }
 }
 
