@@ -12,12 +12,13 @@
 //! reports. Success closes the breaker, failure reopens it. A claim expires after `cooldown`, so a
 //! probe whose caller vanished cannot wedge the endpoint.
 
-use crate::id_map::IdMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
+
+use crate::id_map::IdMap;
 
 /// Breaker and EWMA knobs.
 #[derive(Debug, Clone, Copy, PartialEq)]

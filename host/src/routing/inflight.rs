@@ -6,9 +6,10 @@
 //! map of endpoints is only written the first time an endpoint is seen (endpoints come from config,
 //! so it stays small).
 
-use crate::id_map::IdMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::id_map::IdMap;
 
 /// Per-endpoint counters of attempts in flight.
 #[derive(Debug, Default)]

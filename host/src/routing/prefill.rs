@@ -11,12 +11,12 @@
 //! publication); hints and leases stay per process.
 
 use std::collections::HashMap;
-
-use crate::id_map::IdMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+
+use crate::id_map::IdMap;
 
 /// Prefill-aware routing knobs (`ROUTING_PREFILL_*`; environment wins over the config file).
 #[derive(Debug, Clone, Copy, PartialEq)]

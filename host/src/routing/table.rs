@@ -4,11 +4,10 @@
 //! that replaces the old one atomically, so a request always sees one consistent version.
 
 use std::collections::{HashMap, HashSet};
-
-use crate::id_map::IdMap;
 use std::sync::Arc;
 
 use crate::config::{Config, ModelConfig, ModelUpstream};
+use crate::id_map::IdMap;
 use crate::routing::policy::{self, Overrides};
 use crate::strategy::{
     CatalogEntry, LoadedStrategy, ModelRouter, Shadow, StrategyCatalog, StrategyEngine,

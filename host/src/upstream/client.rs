@@ -5,7 +5,6 @@
 //! again into its own types and back); it stays only for a gateway whose environment names a proxy
 //! (`HTTPS_PROXY` and friends), which reqwest implements and hyper does not.
 
-use crate::id_map::IdMap;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -23,6 +22,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use parking_lot::RwLock;
 
 use crate::config::{StreamDeadlines, UpstreamClientConfig};
+use crate::id_map::IdMap;
 
 use super::AttemptError;
 
