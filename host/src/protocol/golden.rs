@@ -1095,7 +1095,7 @@ fn chat_stream_framing_is_exact() {
     assert_eq!(
         frames[0],
         format!(
-            "data: {{\"choices\":[{{\"delta\":{{\"content\":\"\",\"role\":\"assistant\"}},\"finish_reason\":null,\"index\":0,\"logprobs\":null}}],\"created\":{created},\"id\":\"chatcmpl-abc\",\"model\":\"public\",\"object\":\"chat.completion.chunk\"}}\n\n"
+            "data: {{\"id\":\"chatcmpl-abc\",\"object\":\"chat.completion.chunk\",\"created\":{created},\"model\":\"public\",\"choices\":[{{\"index\":0,\"delta\":{{\"role\":\"assistant\",\"content\":\"\"}},\"logprobs\":null,\"finish_reason\":null}}]}}\n\n"
         )
     );
     assert_eq!(*frames.last().unwrap(), "data: [DONE]\n\n");

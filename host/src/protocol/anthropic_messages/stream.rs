@@ -1,6 +1,9 @@
 //! Anthropic Messages streams: `message_start`, content blocks, `message_delta`, `message_stop`.
 
+use std::borrow::Cow;
+
 use bytes::Bytes;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::error_body;
@@ -82,6 +85,17 @@ impl StreamDecoder {
         if self.done || data.trim().is_empty() {
             return Vec::new();
         }
+        // Deltas, most of a stream, are read straight from the text, borrowing their strings;
+        // every other event, and a delta the typed view cannot take (a wrong type somewhere, a
+        // repeated key), goes through a `Value`, with the same result for every field read.
+        if data.contains("content_block_delta")
+            && let Ok(view) = serde_json::from_str::<BlockDeltaView<'_>>(data)
+            && view.kind == "content_block_delta"
+        {
+            let mut out = Vec::new();
+            self.block_delta(view.index.unwrap_or(0), &view.delta, &mut out);
+            return out;
+        }
         let v: Value = match serde_json::from_str(data) {
             Ok(v) => v,
             Err(e) => return self.fail(502, format!("invalid upstream stream event: {e}")),
@@ -137,39 +151,7 @@ impl StreamDecoder {
             }
             "content_block_delta" => {
                 let d = v.get("delta").unwrap_or(&Value::Null);
-                match d.get("type").and_then(Value::as_str) {
-                    Some("text_delta") => {
-                        let t = str_at(d, "text");
-                        if !t.is_empty() {
-                            out.push(StreamEvent::TextDelta(t));
-                        }
-                    }
-                    Some("thinking_delta") => {
-                        let t = str_at(d, "thinking");
-                        if !t.is_empty() {
-                            out.push(StreamEvent::ReasoningDelta(t));
-                        }
-                    }
-                    Some("signature_delta") => {
-                        out.push(StreamEvent::ReasoningSignature(str_at(d, "signature")));
-                    }
-                    Some("input_json_delta") => {
-                        let partial = str_at(d, "partial_json");
-                        if let Some(Block::Tool {
-                            index,
-                            had_arguments,
-                        }) = self.block(index)
-                            && !partial.is_empty()
-                        {
-                            *had_arguments = true;
-                            out.push(StreamEvent::ToolCallDelta {
-                                index: *index,
-                                arguments: partial,
-                            });
-                        }
-                    }
-                    _ => {}
-                }
+                self.block_delta(index, &DeltaView::lenient(d), &mut out);
             }
             "content_block_stop" => {
                 // A call without arguments streams no JSON at all; OpenAI clients expect `{}`.
@@ -215,6 +197,44 @@ impl StreamDecoder {
         out
     }
 
+    /// A `content_block_delta`'s delta at upstream block `index`.
+    fn block_delta(&mut self, index: u64, d: &DeltaView<'_>, out: &mut Vec<StreamEvent>) {
+        let text = |t: &Option<Cow<'_, str>>| t.as_deref().unwrap_or("").to_owned();
+        match d.kind.as_deref() {
+            Some("text_delta") => {
+                let t = text(&d.text);
+                if !t.is_empty() {
+                    out.push(StreamEvent::TextDelta(t));
+                }
+            }
+            Some("thinking_delta") => {
+                let t = text(&d.thinking);
+                if !t.is_empty() {
+                    out.push(StreamEvent::ReasoningDelta(t));
+                }
+            }
+            Some("signature_delta") => {
+                out.push(StreamEvent::ReasoningSignature(text(&d.signature)));
+            }
+            Some("input_json_delta") => {
+                let partial = text(&d.partial_json);
+                if let Some(Block::Tool {
+                    index,
+                    had_arguments,
+                }) = self.block(index)
+                    && !partial.is_empty()
+                {
+                    *had_arguments = true;
+                    out.push(StreamEvent::ToolCallDelta {
+                        index: *index,
+                        arguments: partial,
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+
     fn fail(&mut self, status: u16, message: String) -> Vec<StreamEvent> {
         self.done = true;
         vec![StreamEvent::Error { status, message }]
@@ -241,6 +261,69 @@ enum Open {
     Text,
     Thinking,
     Tool(u32),
+}
+
+/// A `content_block_delta` event as the typed fast path reads it.
+#[derive(Deserialize)]
+struct BlockDeltaView<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Cow<'a, str>,
+    #[serde(default)]
+    index: Option<u64>,
+    #[serde(borrow)]
+    delta: DeltaView<'a>,
+}
+
+/// The fields of a delta the decoder reads; absent or `null` ones are `None`, as `Value` reads
+/// them.
+#[derive(Deserialize, Default, Debug, PartialEq)]
+struct DeltaView<'a> {
+    #[serde(rename = "type", borrow, default)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    text: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    thinking: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    signature: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    partial_json: Option<Cow<'a, str>>,
+}
+
+impl<'a> DeltaView<'a> {
+    /// What the typed view would read from `d`, a wrong type read as absent.
+    fn lenient(d: &'a Value) -> Self {
+        let str_at = |k: &str| d.get(k).and_then(Value::as_str).map(Cow::Borrowed);
+        DeltaView {
+            kind: str_at("type"),
+            text: str_at("text"),
+            thinking: str_at("thinking"),
+            signature: str_at("signature"),
+            partial_json: str_at("partial_json"),
+        }
+    }
+}
+
+/// `content_block_delta`, most of what a stream is, written from borrowed text: building it as a
+/// `Value` cost a map node and an owned `String` per key and value on every token.
+#[derive(Serialize)]
+#[serde(tag = "type", rename = "content_block_delta")]
+struct BlockDelta<'a> {
+    index: u32,
+    delta: Delta<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(tag = "type")]
+enum Delta<'a> {
+    #[serde(rename = "text_delta")]
+    Text { text: &'a str },
+    #[serde(rename = "thinking_delta")]
+    Thinking { thinking: &'a str },
+    #[serde(rename = "signature_delta")]
+    Signature { signature: &'a str },
+    #[serde(rename = "input_json_delta")]
+    InputJson { partial_json: &'a str },
 }
 
 /// Frames IR events as an Anthropic Messages stream for a client.
@@ -331,19 +414,21 @@ impl StreamEncoder {
         index
     }
 
-    /// The block of `kind`, opened if it is not the current one.
-    fn ensure_block(&mut self, kind: Open, block: Value, out: &mut Vec<Bytes>) -> u32 {
+    /// The block of `kind`, opened (as `block()`) if it is not the current one.
+    fn ensure_block(
+        &mut self,
+        kind: Open,
+        block: impl FnOnce() -> Value,
+        out: &mut Vec<Bytes>,
+    ) -> u32 {
         match self.open {
             Some((index, open)) if open == kind => index,
-            _ => self.open_block(kind, block, out),
+            _ => self.open_block(kind, block(), out),
         }
     }
 
-    fn delta(index: u32, delta: Value) -> Bytes {
-        sse::event_frame(
-            "content_block_delta",
-            &json!({"type": "content_block_delta", "index": index, "delta": delta}),
-        )
+    fn delta(index: u32, delta: Delta<'_>) -> Bytes {
+        sse::event_frame("content_block_delta", &BlockDelta { index, delta })
     }
 
     /// The client frames for one IR event; nothing after `Done` or `Error`.
@@ -358,28 +443,22 @@ impl StreamEncoder {
             StreamEvent::TextDelta(t) => {
                 self.start("", &mut out);
                 let i =
-                    self.ensure_block(Open::Text, json!({"type": "text", "text": ""}), &mut out);
-                out.push(Self::delta(i, json!({"type": "text_delta", "text": t})));
+                    self.ensure_block(Open::Text, || json!({"type": "text", "text": ""}), &mut out);
+                out.push(Self::delta(i, Delta::Text { text: t }));
             }
             StreamEvent::ReasoningDelta(t) if t.is_empty() => {}
             StreamEvent::ReasoningDelta(t) => {
                 self.start("", &mut out);
                 let i = self.ensure_block(
                     Open::Thinking,
-                    json!({"type": "thinking", "thinking": "", "signature": ""}),
+                    || json!({"type": "thinking", "thinking": "", "signature": ""}),
                     &mut out,
                 );
-                out.push(Self::delta(
-                    i,
-                    json!({"type": "thinking_delta", "thinking": t}),
-                ));
+                out.push(Self::delta(i, Delta::Thinking { thinking: t }));
             }
             StreamEvent::ReasoningSignature(s) => {
                 if let Some((i, Open::Thinking)) = self.open {
-                    out.push(Self::delta(
-                        i,
-                        json!({"type": "signature_delta", "signature": s}),
-                    ));
+                    out.push(Self::delta(i, Delta::Signature { signature: s }));
                 }
             }
             StreamEvent::ToolCallStart { index, id, name } => {
@@ -399,7 +478,9 @@ impl StreamEncoder {
                 {
                     out.push(Self::delta(
                         block,
-                        json!({"type": "input_json_delta", "partial_json": arguments}),
+                        Delta::InputJson {
+                            partial_json: arguments,
+                        },
                     ));
                 }
             }
@@ -458,6 +539,88 @@ pub fn is_plain_delta(event: &str, data: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The typed view reads every delta it accepts as the lenient one does, and what it refuses
+    /// still decodes the lenient way.
+    #[test]
+    fn typed_and_lenient_delta_views_read_alike() {
+        for data in [
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi \"there\" \u00e9"}}"#,
+            r#"{"type":"content_block_delta","index":2,"delta":{"type":"thinking_delta","thinking":"hm"},"extra":[1,{"a":null}]}"#,
+            r#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"a\":"}}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"signature_delta","signature":"sig"}}"#,
+            r#"{"type":"content_block_delta","index":null,"delta":{"type":"text_delta","text":null}}"#,
+            r#"{"type":"content_block_delta","delta":{"type":"future_delta","text":"x"}}"#,
+        ] {
+            let typed: BlockDeltaView<'_> = serde_json::from_str(data).unwrap();
+            let value: Value = serde_json::from_str(data).unwrap();
+            assert_eq!(typed.delta, DeltaView::lenient(&value["delta"]), "{data}");
+            assert_eq!(
+                typed.index.unwrap_or(0),
+                value["index"].as_u64().unwrap_or(0),
+                "{data}"
+            );
+        }
+        let mut decoder = StreamDecoder::new();
+        let refused_by_the_view = [
+            // A string index (read as 0), a repeated key (the last one wins), no `type` (the
+            // event's name is used).
+            r#"{"type":"content_block_delta","index":"7","delta":{"type":"text_delta","text":"a"}}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"b","text":"c"}}"#,
+            r#"{"index":0,"delta":{"type":"text_delta","text":"d"}}"#,
+        ];
+        let mut texts = Vec::new();
+        for data in refused_by_the_view {
+            assert!(
+                serde_json::from_str::<BlockDeltaView<'_>>(data).is_err(),
+                "{data}"
+            );
+            for event in decoder.decode("content_block_delta", data) {
+                match event {
+                    StreamEvent::TextDelta(t) => texts.push(t),
+                    other => panic!("{other:?}"),
+                }
+            }
+        }
+        assert_eq!(texts, ["a", "c", "d"]);
+    }
+
+    /// The typed delta frames say what the `Value`s they replaced said, escapes included.
+    #[test]
+    fn typed_deltas_match_their_value_form() {
+        let text = "a \"quoted\" \\ line\nwith \u{1} control, \u{e9} and \u{1F600}";
+        let cases = [
+            (
+                Delta::Text { text },
+                json!({"type": "text_delta", "text": text}),
+            ),
+            (
+                Delta::Thinking { thinking: text },
+                json!({"type": "thinking_delta", "thinking": text}),
+            ),
+            (
+                Delta::Signature { signature: text },
+                json!({"type": "signature_delta", "signature": text}),
+            ),
+            (
+                Delta::InputJson { partial_json: text },
+                json!({"type": "input_json_delta", "partial_json": text}),
+            ),
+        ];
+        for (delta, value) in cases {
+            let frame = StreamEncoder::delta(7, delta);
+            let events = sse::parse(std::str::from_utf8(&frame).unwrap());
+            assert_eq!(events.len(), 1);
+            assert_eq!(events[0].event, "content_block_delta");
+            let written: Value = serde_json::from_str(&events[0].data).unwrap();
+            assert_eq!(
+                written,
+                json!({"type": "content_block_delta", "index": 7, "delta": value})
+            );
+            // Anthropic's own order, which a pass-through check (`is_plain_delta`) also reads.
+            assert!(is_plain_delta(&events[0].event, &events[0].data));
+        }
+    }
 
     #[test]
     fn only_content_block_deltas_are_plain() {

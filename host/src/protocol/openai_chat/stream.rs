@@ -3,7 +3,7 @@
 use std::borrow::Cow;
 
 use bytes::Bytes;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::response::{finish_str, parse_finish, parse_usage, usage_value};
@@ -294,6 +294,58 @@ impl<'a> ChunkView<'a> {
     }
 }
 
+/// A `chat.completion.chunk`, written from borrowed fields: building each as a `Value` cost a map
+/// node and an owned `String` per key and value on every token. Keys in OpenAI's order.
+#[derive(Serialize)]
+struct Chunk<'a, D> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    choices: [ChunkChoice<'a, D>; 1],
+}
+
+#[derive(Serialize)]
+struct ChunkChoice<'a, D> {
+    index: u32,
+    delta: D,
+    /// Always `null`.
+    logprobs: (),
+    finish_reason: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct RoleDelta {
+    role: &'static str,
+    content: &'static str,
+}
+
+#[derive(Serialize)]
+struct ContentDelta<'a> {
+    content: &'a str,
+}
+
+#[derive(Serialize)]
+struct ReasoningDelta<'a> {
+    reasoning_content: &'a str,
+}
+
+#[derive(Serialize)]
+struct ToolArgumentsDelta<'a> {
+    tool_calls: [ToolArguments<'a>; 1],
+}
+
+#[derive(Serialize)]
+struct ToolArguments<'a> {
+    index: u32,
+    function: Arguments<'a>,
+}
+
+#[derive(Serialize)]
+struct Arguments<'a> {
+    arguments: &'a str,
+}
+
 /// Frames IR events as Chat Completions chunks for a client.
 #[derive(Debug)]
 pub struct StreamEncoder {
@@ -326,19 +378,19 @@ impl StreamEncoder {
         self
     }
 
-    fn chunk(&self, delta: Value, finish_reason: Option<&str>) -> Bytes {
-        sse::data_frame(&json!({
-            "id": self.id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.public_model,
-            "choices": [{
-                "index": 0,
-                "delta": delta,
-                "logprobs": null,
-                "finish_reason": finish_reason,
+    fn chunk(&self, delta: impl Serialize, finish_reason: Option<&str>) -> Bytes {
+        sse::data_frame(&Chunk {
+            id: &self.id,
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: &self.public_model,
+            choices: [ChunkChoice {
+                index: 0,
+                delta,
+                logprobs: (),
+                finish_reason,
             }],
-        }))
+        })
     }
 
     fn start(&mut self, id: &str, out: &mut Vec<Bytes>) {
@@ -347,7 +399,13 @@ impl StreamEncoder {
         }
         self.started = true;
         self.id = ids::with_prefix(id, "chatcmpl-");
-        out.push(self.chunk(json!({"role": "assistant", "content": ""}), None));
+        out.push(self.chunk(
+            RoleDelta {
+                role: "assistant",
+                content: "",
+            },
+            None,
+        ));
     }
 
     /// The client frames for one IR event; nothing after `Done` or `Error`.
@@ -360,11 +418,16 @@ impl StreamEncoder {
             StreamEvent::Start { id, .. } => self.start(id, &mut out),
             StreamEvent::TextDelta(t) => {
                 self.start("", &mut out);
-                out.push(self.chunk(json!({"content": t}), None));
+                out.push(self.chunk(ContentDelta { content: t }, None));
             }
             StreamEvent::ReasoningDelta(t) => {
                 self.start("", &mut out);
-                out.push(self.chunk(json!({"reasoning_content": t}), None));
+                out.push(self.chunk(
+                    ReasoningDelta {
+                        reasoning_content: t,
+                    },
+                    None,
+                ));
             }
             StreamEvent::ReasoningSignature(_) => {}
             StreamEvent::ToolCallStart { index, id, name } => {
@@ -382,10 +445,13 @@ impl StreamEncoder {
             }
             StreamEvent::ToolCallDelta { index, arguments } => {
                 self.start("", &mut out);
-                out.push(self.chunk(
-                    json!({"tool_calls": [{"index": index, "function": {"arguments": arguments}}]}),
-                    None,
-                ));
+                let delta = ToolArgumentsDelta {
+                    tool_calls: [ToolArguments {
+                        index: *index,
+                        function: Arguments { arguments },
+                    }],
+                };
+                out.push(self.chunk(delta, None));
             }
             StreamEvent::Finish { reason, .. } => {
                 self.start("", &mut out);
@@ -422,6 +488,52 @@ impl StreamEncoder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The typed chunks say what the `Value`s they replaced said, escapes included.
+    #[test]
+    fn typed_chunks_match_their_value_form() {
+        let text = "a \"quoted\" \\ line\nwith \u{1} control, \u{e9} and \u{1F600}";
+        let mut encoder = StreamEncoder::new("public/model");
+        let start = encoder.encode(&StreamEvent::Start {
+            id: "abc".into(),
+            model: "m".into(),
+        });
+        assert_eq!(start.len(), 1);
+        let created = encoder.created;
+        let chunk = |delta: Value| {
+            json!({
+                "id": "chatcmpl-abc",
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": "public/model",
+                "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": null}],
+            })
+        };
+        let cases = [
+            (
+                StreamEvent::TextDelta(text.into()),
+                json!({"content": text}),
+            ),
+            (
+                StreamEvent::ReasoningDelta(text.into()),
+                json!({"reasoning_content": text}),
+            ),
+            (
+                StreamEvent::ToolCallDelta {
+                    index: 3,
+                    arguments: text.into(),
+                },
+                json!({"tool_calls": [{"index": 3, "function": {"arguments": text}}]}),
+            ),
+        ];
+        for (event, delta) in cases {
+            let frames = encoder.encode(&event);
+            assert_eq!(frames.len(), 1, "{event:?}");
+            let events = sse::parse(std::str::from_utf8(&frames[0]).unwrap());
+            let written: Value = serde_json::from_str(&events[0].data).unwrap();
+            assert_eq!(written, chunk(delta), "{event:?}");
+        }
+    }
 
     /// The typed view and the lenient one agree on every chunk the typed view can read, so the
     /// fast path changes nothing but speed.

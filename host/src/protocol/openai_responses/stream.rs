@@ -2,6 +2,7 @@
 //! `response.completed` (or `response.incomplete` / `response.failed`).
 
 use bytes::Bytes;
+use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::item_id;
@@ -212,6 +213,34 @@ struct Item {
     open: bool,
 }
 
+/// `response.output_text.delta` and `response.reasoning_text.delta`, most of what a stream is,
+/// written from borrowed fields: building each as a `Value` cost a map node and an owned `String`
+/// per key and value on every token.
+#[derive(Serialize)]
+struct TextDelta<'a> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    sequence_number: u64,
+    item_id: &'a str,
+    output_index: usize,
+    content_index: u32,
+    delta: &'a str,
+    /// `[]` on output text; reasoning text has none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    logprobs: Option<[(); 0]>,
+}
+
+/// `response.function_call_arguments.delta`.
+#[derive(Serialize)]
+struct ArgumentsDelta<'a> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    sequence_number: u64,
+    item_id: &'a str,
+    output_index: usize,
+    delta: &'a str,
+}
+
 /// Frames IR events as a Responses stream for a client.
 #[derive(Debug)]
 pub struct StreamEncoder {
@@ -386,22 +415,24 @@ impl StreamEncoder {
                     _ => (Kind::Reasoning, "response.reasoning_text.delta"),
                 };
                 let index = self.current(kind.clone(), &mut out);
+                let sequence_number = self.sequence;
                 let Some(item) = self.items.get_mut(index) else {
                     return out;
                 };
+                self.sequence += 1;
                 item.text.push_str(t);
-                let mut data = json!({
-                    "item_id": item.id,
-                    "output_index": index,
-                    "content_index": 0,
-                    "delta": t,
-                });
-                if kind == Kind::Message
-                    && let Value::Object(o) = &mut data
-                {
-                    o.insert("logprobs".into(), json!([]));
-                }
-                out.push(self.frame(name, data));
+                out.push(sse::event_frame(
+                    name,
+                    &TextDelta {
+                        kind: name,
+                        sequence_number,
+                        item_id: &item.id,
+                        output_index: index,
+                        content_index: 0,
+                        delta: t,
+                        logprobs: (kind == Kind::Message).then_some([]),
+                    },
+                ));
             }
             StreamEvent::ReasoningSignature(_) => {}
             StreamEvent::ToolCallStart { index, id, name } => {
@@ -432,14 +463,21 @@ impl StreamEncoder {
                 if let Some(output_index) = found
                     && !arguments.is_empty()
                 {
+                    let sequence_number = self.sequence;
+                    self.sequence += 1;
                     let item = &mut self.items[output_index];
                     item.text.push_str(arguments);
-                    let data = json!({
-                        "item_id": item.id,
-                        "output_index": output_index,
-                        "delta": arguments,
-                    });
-                    out.push(self.frame("response.function_call_arguments.delta", data));
+                    let name = "response.function_call_arguments.delta";
+                    out.push(sse::event_frame(
+                        name,
+                        &ArgumentsDelta {
+                            kind: name,
+                            sequence_number,
+                            item_id: &item.id,
+                            output_index,
+                            delta: arguments,
+                        },
+                    ));
                 }
             }
             StreamEvent::Finish { reason, .. } => {
@@ -505,5 +543,76 @@ fn item_value(item: &Item, status: &str) -> Value {
             },
             status,
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The typed delta frames say what the `Value`s they replaced said, escapes included, and
+    /// keep the sequence numbers running.
+    #[test]
+    fn typed_deltas_match_their_value_form() {
+        let text = "a \"quoted\" \\ line\nwith \u{1} control, \u{e9} and \u{1F600}";
+        let mut encoder = StreamEncoder::new("public/model");
+        let mut frames = Vec::new();
+        for event in [
+            StreamEvent::Start {
+                id: "abc".into(),
+                model: "m".into(),
+            },
+            StreamEvent::TextDelta(text.into()),
+            StreamEvent::ReasoningDelta(text.into()),
+            StreamEvent::ToolCallStart {
+                index: 0,
+                id: "call_1".into(),
+                name: "f".into(),
+            },
+            StreamEvent::ToolCallDelta {
+                index: 0,
+                arguments: text.into(),
+            },
+        ] {
+            frames.extend(encoder.encode(&event));
+        }
+        let events: Vec<(String, Value)> = frames
+            .iter()
+            .flat_map(|f| sse::parse(std::str::from_utf8(f).unwrap()))
+            .map(|e| (e.event, serde_json::from_str(&e.data).unwrap()))
+            .collect();
+        for (at, (_, data)) in events.iter().enumerate() {
+            assert_eq!(data["sequence_number"], json!(at), "{data}");
+        }
+        let of = |name: &str| {
+            events
+                .iter()
+                .find(|(event, _)| event == name)
+                .map(|(_, data)| data.clone())
+                .unwrap_or_else(|| panic!("no {name}"))
+        };
+        let text_delta = of("response.output_text.delta");
+        let item = text_delta["item_id"].as_str().unwrap().to_owned();
+        assert_eq!(
+            text_delta,
+            json!({"type": "response.output_text.delta", "sequence_number": text_delta["sequence_number"],
+                   "item_id": item, "output_index": 0, "content_index": 0, "delta": text, "logprobs": []})
+        );
+        let reasoning = of("response.reasoning_text.delta");
+        let item = reasoning["item_id"].as_str().unwrap().to_owned();
+        assert_eq!(
+            reasoning,
+            json!({"type": "response.reasoning_text.delta", "sequence_number": reasoning["sequence_number"],
+                   "item_id": item, "output_index": 1, "content_index": 0, "delta": text})
+        );
+        let arguments = of("response.function_call_arguments.delta");
+        let item = arguments["item_id"].as_str().unwrap().to_owned();
+        assert!(item.starts_with("fc_"), "{item}");
+        assert_eq!(
+            arguments,
+            json!({"type": "response.function_call_arguments.delta",
+                   "sequence_number": arguments["sequence_number"], "item_id": item,
+                   "output_index": 2, "delta": text})
+        );
     }
 }
