@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Instructions the gateway spends per request, by kind of request and strategy (callgrind).
 
-Run: `python3 bench/callgrind.py [--skip-build] [--binary PATH] [--requests N] [--repeat N]
-[--port-base N]` (needs
+Run: `python3 bench/callgrind.py [--skip-build] [--binary PATH] [--mock-binary PATH] [--requests N]
+[--repeat N] [--port-base N]` (needs
 valgrind; installs it from Debian packages when missing). It starts `switchyard mock-upstream`
 natively and the release gateway under `valgrind --tool=callgrind --instr-atstart=no`, warms each
 phase up with instrumentation off, then counts a fixed number of sequential requests per phase with
@@ -143,7 +143,10 @@ def main():
     (work / "gw.yaml").write_text(bench.gateway_config(work, fleet=fleet) + "strategies:\n  tick_interval_ms: 0\n")
     procs = []
     try:
-        procs.append(subprocess.Popen([binary, "mock-upstream", "--port", str(PORT_MOCK), "--completion-tokens",
+        # `--mock-binary PATH`: the mock from another build, so that two gateways whose own mock
+        # writes different bytes (key order, say) are counted against the same upstream.
+        mock = Path(arg("--mock-binary", str(binary)))
+        procs.append(subprocess.Popen([mock, "mock-upstream", "--port", str(PORT_MOCK), "--completion-tokens",
                                        str(bench.COMPLETION_TOKENS)], stdout=subprocess.DEVNULL, env=env))
         bench.wait_http(f"http://127.0.0.1:{PORT_MOCK}/health")
         gw = subprocess.Popen(["valgrind", "--tool=callgrind", "--instr-atstart=no",

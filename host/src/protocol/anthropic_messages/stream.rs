@@ -1,9 +1,11 @@
 //! Anthropic Messages streams: `message_start`, content blocks, `message_delta`, `message_stop`.
 
 use std::borrow::Cow;
+use std::sync::LazyLock;
 
 use bytes::Bytes;
-use serde::{Deserialize, Serialize};
+use memchr::memmem::Finder;
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::error_body;
@@ -304,26 +306,13 @@ impl<'a> DeltaView<'a> {
     }
 }
 
-/// `content_block_delta`, most of what a stream is, written from borrowed text: building it as a
-/// `Value` cost a map node and an owned `String` per key and value on every token.
-#[derive(Serialize)]
-#[serde(tag = "type", rename = "content_block_delta")]
-struct BlockDelta<'a> {
-    index: u32,
-    delta: Delta<'a>,
-}
-
-#[derive(Serialize)]
-#[serde(tag = "type")]
+/// The delta of a `content_block_delta`, most of what a stream is.
+#[derive(Debug, Clone, Copy)]
 enum Delta<'a> {
-    #[serde(rename = "text_delta")]
-    Text { text: &'a str },
-    #[serde(rename = "thinking_delta")]
-    Thinking { thinking: &'a str },
-    #[serde(rename = "signature_delta")]
-    Signature { signature: &'a str },
-    #[serde(rename = "input_json_delta")]
-    InputJson { partial_json: &'a str },
+    Text(&'a str),
+    Thinking(&'a str),
+    Signature(&'a str),
+    InputJson(&'a str),
 }
 
 /// Frames IR events as an Anthropic Messages stream for a client.
@@ -428,7 +417,20 @@ impl StreamEncoder {
     }
 
     fn delta(index: u32, delta: Delta<'_>) -> Bytes {
-        sse::event_frame("content_block_delta", &BlockDelta { index, delta })
+        let (head, text) = match delta {
+            Delta::Text(t) => (r#"{"type":"text_delta","text":"#, t),
+            Delta::Thinking(t) => (r#"{"type":"thinking_delta","thinking":"#, t),
+            Delta::Signature(t) => (r#"{"type":"signature_delta","signature":"#, t),
+            Delta::InputJson(t) => (r#"{"type":"input_json_delta","partial_json":"#, t),
+        };
+        sse::FrameWriter::event("content_block_delta")
+            .json(r#"{"type":"content_block_delta","index":"#)
+            .value(&index)
+            .json(r#","delta":"#)
+            .json(head)
+            .value(text)
+            .json("}}")
+            .finish()
     }
 
     /// The client frames for one IR event; nothing after `Done` or `Error`.
@@ -444,7 +446,7 @@ impl StreamEncoder {
                 self.start("", &mut out);
                 let i =
                     self.ensure_block(Open::Text, || json!({"type": "text", "text": ""}), &mut out);
-                out.push(Self::delta(i, Delta::Text { text: t }));
+                out.push(Self::delta(i, Delta::Text(t)));
             }
             StreamEvent::ReasoningDelta(t) if t.is_empty() => {}
             StreamEvent::ReasoningDelta(t) => {
@@ -454,11 +456,11 @@ impl StreamEncoder {
                     || json!({"type": "thinking", "thinking": "", "signature": ""}),
                     &mut out,
                 );
-                out.push(Self::delta(i, Delta::Thinking { thinking: t }));
+                out.push(Self::delta(i, Delta::Thinking(t)));
             }
             StreamEvent::ReasoningSignature(s) => {
                 if let Some((i, Open::Thinking)) = self.open {
-                    out.push(Self::delta(i, Delta::Signature { signature: s }));
+                    out.push(Self::delta(i, Delta::Signature(s)));
                 }
             }
             StreamEvent::ToolCallStart { index, id, name } => {
@@ -476,12 +478,7 @@ impl StreamEncoder {
                 if let Some(&(_, block)) = self.tool_blocks.iter().find(|(t, _)| t == index)
                     && !arguments.is_empty()
                 {
-                    out.push(Self::delta(
-                        block,
-                        Delta::InputJson {
-                            partial_json: arguments,
-                        },
-                    ));
+                    out.push(Self::delta(block, Delta::InputJson(arguments)));
                 }
             }
             StreamEvent::Finish {
@@ -531,9 +528,13 @@ impl StreamEncoder {
 /// reason or an error (those ride on `message_delta`, `message_stop` and `error`). Its deltas
 /// matter to a pass-through relay's accounting only until the first token.
 pub fn is_plain_delta(event: &str, data: &str) -> bool {
+    // Searchers built once (`str::contains` builds one per call).
+    static DELTA: LazyLock<Finder<'static>> =
+        LazyLock::new(|| Finder::new(r#""type":"content_block_delta""#));
+    static ERROR: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new("error"));
     event == "content_block_delta"
-        && data.contains(r#""type":"content_block_delta""#)
-        && !data.contains("error")
+        && DELTA.find(data.as_bytes()).is_some()
+        && ERROR.find(data.as_bytes()).is_none()
 }
 
 #[cfg(test)]
@@ -591,19 +592,19 @@ mod tests {
         let text = "a \"quoted\" \\ line\nwith \u{1} control, \u{e9} and \u{1F600}";
         let cases = [
             (
-                Delta::Text { text },
+                Delta::Text(text),
                 json!({"type": "text_delta", "text": text}),
             ),
             (
-                Delta::Thinking { thinking: text },
+                Delta::Thinking(text),
                 json!({"type": "thinking_delta", "thinking": text}),
             ),
             (
-                Delta::Signature { signature: text },
+                Delta::Signature(text),
                 json!({"type": "signature_delta", "signature": text}),
             ),
             (
-                Delta::InputJson { partial_json: text },
+                Delta::InputJson(text),
                 json!({"type": "input_json_delta", "partial_json": text}),
             ),
         ];

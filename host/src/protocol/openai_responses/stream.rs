@@ -2,7 +2,6 @@
 //! `response.completed` (or `response.incomplete` / `response.failed`).
 
 use bytes::Bytes;
-use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::item_id;
@@ -213,34 +212,6 @@ struct Item {
     open: bool,
 }
 
-/// `response.output_text.delta` and `response.reasoning_text.delta`, most of what a stream is,
-/// written from borrowed fields: building each as a `Value` cost a map node and an owned `String`
-/// per key and value on every token.
-#[derive(Serialize)]
-struct TextDelta<'a> {
-    #[serde(rename = "type")]
-    kind: &'a str,
-    sequence_number: u64,
-    item_id: &'a str,
-    output_index: usize,
-    content_index: u32,
-    delta: &'a str,
-    /// `[]` on output text; reasoning text has none.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    logprobs: Option<[(); 0]>,
-}
-
-/// `response.function_call_arguments.delta`.
-#[derive(Serialize)]
-struct ArgumentsDelta<'a> {
-    #[serde(rename = "type")]
-    kind: &'a str,
-    sequence_number: u64,
-    item_id: &'a str,
-    output_index: usize,
-    delta: &'a str,
-}
-
 /// Frames IR events as a Responses stream for a client.
 #[derive(Debug)]
 pub struct StreamEncoder {
@@ -421,18 +392,23 @@ impl StreamEncoder {
                 };
                 self.sequence += 1;
                 item.text.push_str(t);
-                out.push(sse::event_frame(
-                    name,
-                    &TextDelta {
-                        kind: name,
-                        sequence_number,
-                        item_id: &item.id,
-                        output_index: index,
-                        content_index: 0,
-                        delta: t,
-                        logprobs: (kind == Kind::Message).then_some([]),
-                    },
-                ));
+                // Most of what a stream is: written without a `Value` (see `sse::FrameWriter`).
+                let frame = sse::FrameWriter::event(name)
+                    .json(r#"{"type":"#)
+                    .value(name)
+                    .json(r#","sequence_number":"#)
+                    .value(&sequence_number)
+                    .json(r#","item_id":"#)
+                    .value(&item.id)
+                    .json(r#","output_index":"#)
+                    .value(&index)
+                    .json(r#","content_index":0,"delta":"#)
+                    .value(t.as_str());
+                let frame = match kind {
+                    Kind::Message => frame.json(r#","logprobs":[]}"#),
+                    _ => frame.json("}"),
+                };
+                out.push(frame.finish());
             }
             StreamEvent::ReasoningSignature(_) => {}
             StreamEvent::ToolCallStart { index, id, name } => {
@@ -468,16 +444,19 @@ impl StreamEncoder {
                     let item = &mut self.items[output_index];
                     item.text.push_str(arguments);
                     let name = "response.function_call_arguments.delta";
-                    out.push(sse::event_frame(
-                        name,
-                        &ArgumentsDelta {
-                            kind: name,
-                            sequence_number,
-                            item_id: &item.id,
-                            output_index,
-                            delta: arguments,
-                        },
-                    ));
+                    let frame = sse::FrameWriter::event(name)
+                        .json(r#"{"type":"#)
+                        .value(name)
+                        .json(r#","sequence_number":"#)
+                        .value(&sequence_number)
+                        .json(r#","item_id":"#)
+                        .value(&item.id)
+                        .json(r#","output_index":"#)
+                        .value(&output_index)
+                        .json(r#","delta":"#)
+                        .value(arguments.as_str())
+                        .json("}");
+                    out.push(frame.finish());
                 }
             }
             StreamEvent::Finish { reason, .. } => {
