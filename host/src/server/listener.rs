@@ -262,6 +262,7 @@ pub async fn serve_per_core(
             .name(format!("switchyard-serve-{n}"))
             .spawn(move || {
                 runtime.block_on(async move {
+                    tokio::spawn(driver_heartbeat());
                     match TcpListener::from_std(listener) {
                         Ok(listener) => accept_loop(listener, app, serving).await,
                         Err(e) => tracing::error!("serving thread {n} cannot listen: {e}"),
@@ -281,6 +282,22 @@ pub async fn serve_per_core(
     }
     all_finished.await;
     Ok(())
+}
+
+/// How soon a serving runtime's driver is always due to wake, at the latest.
+const DRIVER_HEARTBEAT: Duration = Duration::from_secs(1);
+
+/// Keeps a timer pending on a serving runtime. tokio wakes its driver (an `eventfd` write, from the
+/// driver's own thread) whenever a timer is set to fire before the driver's next wake; with no
+/// timer pending at its last park, that was every request at low load (hyper arms a connection's
+/// header-read timer each time it waits for the next request). A timer always due within a second
+/// keeps every longer deadline from doing so, for one wake-up a second.
+async fn driver_heartbeat() {
+    let mut heartbeat = tokio::time::interval(DRIVER_HEARTBEAT);
+    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        heartbeat.tick().await;
+    }
 }
 
 /// `count` listening sockets bound to `addr` with `SO_REUSEPORT`, so each serving thread accepts on
