@@ -212,6 +212,25 @@ struct Item {
     open: bool,
 }
 
+/// The start of a delta event (text, reasoning or arguments), most of what a stream is: written
+/// without a `Value` (see `sse::FrameWriter`); the caller adds the delta and closes the object.
+fn delta_frame(
+    name: &str,
+    sequence_number: u64,
+    item_id: &str,
+    output_index: usize,
+) -> sse::FrameWriter {
+    sse::FrameWriter::event(name)
+        .json(r#"{"type":"#)
+        .value(name)
+        .json(r#","sequence_number":"#)
+        .value(&sequence_number)
+        .json(r#","item_id":"#)
+        .value(item_id)
+        .json(r#","output_index":"#)
+        .value(&output_index)
+}
+
 /// Frames IR events as a Responses stream for a client.
 #[derive(Debug)]
 pub struct StreamEncoder {
@@ -392,16 +411,7 @@ impl StreamEncoder {
                 };
                 self.sequence += 1;
                 item.text.push_str(t);
-                // Most of what a stream is: written without a `Value` (see `sse::FrameWriter`).
-                let frame = sse::FrameWriter::event(name)
-                    .json(r#"{"type":"#)
-                    .value(name)
-                    .json(r#","sequence_number":"#)
-                    .value(&sequence_number)
-                    .json(r#","item_id":"#)
-                    .value(&item.id)
-                    .json(r#","output_index":"#)
-                    .value(&index)
+                let frame = delta_frame(name, sequence_number, &item.id, index)
                     .json(r#","content_index":0,"delta":"#)
                     .value(t.as_str());
                 let frame = match kind {
@@ -444,15 +454,7 @@ impl StreamEncoder {
                     let item = &mut self.items[output_index];
                     item.text.push_str(arguments);
                     let name = "response.function_call_arguments.delta";
-                    let frame = sse::FrameWriter::event(name)
-                        .json(r#"{"type":"#)
-                        .value(name)
-                        .json(r#","sequence_number":"#)
-                        .value(&sequence_number)
-                        .json(r#","item_id":"#)
-                        .value(&item.id)
-                        .json(r#","output_index":"#)
-                        .value(&output_index)
+                    let frame = delta_frame(name, sequence_number, &item.id, output_index)
                         .json(r#","delta":"#)
                         .value(arguments.as_str())
                         .json("}");
