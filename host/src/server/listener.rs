@@ -262,7 +262,6 @@ pub async fn serve_per_core(
             .name(format!("switchyard-serve-{n}"))
             .spawn(move || {
                 runtime.block_on(async move {
-                    tokio::spawn(driver_heartbeat());
                     match TcpListener::from_std(listener) {
                         Ok(listener) => accept_loop(listener, app, serving).await,
                         Err(e) => tracing::error!("serving thread {n} cannot listen: {e}"),
@@ -284,10 +283,20 @@ pub async fn serve_per_core(
     Ok(())
 }
 
+/// Aborts its task when dropped: the heartbeat stops with the accept loop that started it.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// How soon a serving runtime's driver is always due to wake, at the latest.
 const DRIVER_HEARTBEAT: Duration = Duration::from_secs(1);
 
-/// Keeps a timer pending on a serving runtime. tokio wakes its driver (an `eventfd` write, from the
+/// Keeps a timer pending on a serving runtime (one per accept loop: per core, or the shared
+/// runtime's one). tokio wakes its driver (an `eventfd` write, from the
 /// driver's own thread) whenever a timer is set to fire before the driver's next wake; with no
 /// timer pending at its last park, that was every request at low load (hyper arms a connection's
 /// header-read timer each time it waits for the next request). A timer always due within a second
@@ -333,6 +342,8 @@ async fn accept_loop(listener: TcpListener, app: Router, serving: Serving) {
         header_read_timeout,
         shutdown_grace,
     } = serving;
+    let heartbeat = tokio::spawn(driver_heartbeat());
+    let _stop_heartbeat = AbortOnDrop(heartbeat);
     let mut drained = pin!(drained(open.clone(), drain.clone(), shutdown_grace));
     let mut accept_errors = AcceptErrors::default();
     loop {

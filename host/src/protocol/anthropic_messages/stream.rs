@@ -528,7 +528,7 @@ impl StreamEncoder {
 /// reason or an error (those ride on `message_delta`, `message_stop` and `error`). Its deltas
 /// matter to a pass-through relay's accounting only until the first token.
 pub fn is_plain_delta(event: &str, data: &str) -> bool {
-    // Searchers built once (`str::contains` builds one per call).
+    // Built once, like the Chat check's searchers (`memmem::find` would build one per call).
     static DELTA: LazyLock<Finder<'static>> =
         LazyLock::new(|| Finder::new(r#""type":"content_block_delta""#));
     static ERROR: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new("error"));

@@ -263,12 +263,19 @@ impl StreamEncoder {
         }
     }
 
+    /// The next event's `sequence_number`.
+    fn next_sequence(&mut self) -> u64 {
+        let number = self.sequence;
+        self.sequence += 1;
+        number
+    }
+
     fn frame(&mut self, kind: &str, mut data: Value) -> Bytes {
+        let sequence_number = self.next_sequence();
         if let Value::Object(o) = &mut data {
             o.insert("type".into(), kind.into());
-            o.insert("sequence_number".into(), self.sequence.into());
+            o.insert("sequence_number".into(), sequence_number.into());
         }
-        self.sequence += 1;
         sse::event_frame(kind, &data)
     }
 
@@ -405,11 +412,11 @@ impl StreamEncoder {
                     _ => (Kind::Reasoning, "response.reasoning_text.delta"),
                 };
                 let index = self.current(kind.clone(), &mut out);
-                let sequence_number = self.sequence;
-                let Some(item) = self.items.get_mut(index) else {
+                if index >= self.items.len() {
                     return out;
-                };
-                self.sequence += 1;
+                }
+                let sequence_number = self.next_sequence();
+                let item = &mut self.items[index];
                 item.text.push_str(t);
                 let frame = delta_frame(name, sequence_number, &item.id, index)
                     .json(r#","content_index":0,"delta":"#)
@@ -449,8 +456,7 @@ impl StreamEncoder {
                 if let Some(output_index) = found
                     && !arguments.is_empty()
                 {
-                    let sequence_number = self.sequence;
-                    self.sequence += 1;
+                    let sequence_number = self.next_sequence();
                     let item = &mut self.items[output_index];
                     item.text.push_str(arguments);
                     let name = "response.function_call_arguments.delta";
