@@ -27,7 +27,7 @@ mod scaffold;
 /// `malloc_consolidate` at the top of the profile): each request parses and builds JSON and HTTP
 /// messages. mimalloc's thread-local free lists cost a fraction of that.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: switchyard_allocator::GlobalAllocator = switchyard_allocator::GlobalAllocator;
 
 #[derive(Parser)]
 #[command(
@@ -389,6 +389,9 @@ async fn serve(
     if let Some(traces) = &traces {
         tracing::info!("exporting traces to {}", traces.endpoint());
     }
+    // Loading the configuration, the strategies and an instance per model freed more than the
+    // idle gateway keeps; the allocator would hold it until this thread allocates again.
+    switchyard_allocator::return_freed_memory();
     let signalled = serve_until_drained(listener, gateway.clone(), max_connections).await?;
     // The request log writes in intervals, the span exporter in batches: what the last interval
     // queued is written before exit, both at once.

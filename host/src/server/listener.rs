@@ -301,11 +301,65 @@ const DRIVER_HEARTBEAT: Duration = Duration::from_secs(1);
 /// timer pending at its last park, that was every request at low load (hyper arms a connection's
 /// header-read timer each time it waits for the next request). A timer always due within a second
 /// keeps every longer deadline from doing so, for one wake-up a second.
+///
+/// The same wake-up gives the memory freed by the last burst back to the OS once the runtime has
+/// gone quiet ([`IdleCollector`]).
 async fn driver_heartbeat() {
     let mut heartbeat = tokio::time::interval(DRIVER_HEARTBEAT);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut idle = IdleCollector::default();
     loop {
         heartbeat.tick().await;
+        if idle.quiet_since_last_beat(&tokio::runtime::Handle::current().metrics()) {
+            switchyard_allocator::return_freed_memory();
+        }
+    }
+}
+
+/// The most a runtime's workers may have been busy over one heartbeat for it to count as quiet.
+const QUIET_BUSY_PER_BEAT: Duration = Duration::from_millis(2);
+
+/// Decides when a serving runtime's freed memory goes back to the OS: once per quiet spell, at
+/// the first heartbeat after a busy one that finds its workers (nearly) idle since the last.
+///
+/// mimalloc returns freed memory only when it next runs after a delay, so a gateway that went
+/// quiet after a burst (or after startup) kept what the burst freed for as long as it stayed
+/// quiet: ~10 MiB of the idle RSS after startup. Returning it during the load would hand the
+/// next request's allocations page faults, so it waits for a quiet heartbeat, and a spell that
+/// stays quiet is collected once.
+#[derive(Debug)]
+struct IdleCollector {
+    busy_before: Duration,
+    collected: bool,
+}
+
+impl Default for IdleCollector {
+    fn default() -> Self {
+        // The first beat counts as after a busy spell: the serving thread just started.
+        Self {
+            busy_before: Duration::ZERO,
+            collected: false,
+        }
+    }
+}
+
+impl IdleCollector {
+    fn quiet_since_last_beat(&mut self, metrics: &tokio::runtime::RuntimeMetrics) -> bool {
+        let busy: Duration = (0..metrics.num_workers())
+            .map(|w| metrics.worker_total_busy_duration(w))
+            .sum();
+        self.observe(busy)
+    }
+
+    /// `busy`: the workers' busy time in total so far.
+    fn observe(&mut self, busy: Duration) -> bool {
+        let quiet = busy.saturating_sub(self.busy_before) <= QUIET_BUSY_PER_BEAT;
+        self.busy_before = busy;
+        if !quiet {
+            self.collected = false;
+            return false;
+        }
+        !std::mem::replace(&mut self.collected, true)
     }
 }
 
@@ -500,6 +554,24 @@ impl AcceptErrors {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn freed_memory_is_returned_once_per_quiet_spell() {
+        let ms = Duration::from_millis;
+        let mut idle = IdleCollector::default();
+        // Quiet from the start: collected at the first beat, not again while it stays quiet.
+        assert!(idle.observe(ms(1)));
+        assert!(!idle.observe(ms(2)));
+        assert!(!idle.observe(ms(2)));
+        // Under load nothing is collected; the first quiet beat after it collects.
+        assert!(!idle.observe(ms(400)));
+        assert!(!idle.observe(ms(900)));
+        assert!(idle.observe(ms(901)));
+        assert!(!idle.observe(ms(902)));
+        // A beat busy just above the threshold counts as load.
+        assert!(!idle.observe(ms(902) + QUIET_BUSY_PER_BEAT + ms(1)));
+        assert!(idle.observe(ms(906)));
+    }
 
     #[test]
     fn the_derived_cap_leaves_room_for_upstream_sockets() {
