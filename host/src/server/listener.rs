@@ -573,6 +573,39 @@ mod tests {
         assert!(idle.observe(ms(906)));
     }
 
+    /// The collector reads busy time from the runtime's metrics; on a serving thread's
+    /// current-thread runtime they must count a task's work, or no spell would ever end.
+    #[test]
+    fn a_current_thread_runtime_counts_its_busy_time() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("runtime: {e}"));
+        let metrics = runtime.handle().metrics();
+        let before: Duration = (0..metrics.num_workers())
+            .map(|w| metrics.worker_total_busy_duration(w))
+            .sum();
+        runtime.block_on(async {
+            tokio::spawn(async {
+                let start = std::time::Instant::now();
+                while start.elapsed() < Duration::from_millis(30) {
+                    std::hint::spin_loop();
+                }
+            })
+            .await
+            .unwrap_or_else(|e| panic!("task: {e}"));
+            // Metrics are published when the scheduler parks.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        });
+        let after: Duration = (0..metrics.num_workers())
+            .map(|w| metrics.worker_total_busy_duration(w))
+            .sum();
+        assert!(
+            after.saturating_sub(before) > QUIET_BUSY_PER_BEAT,
+            "busy {before:?} -> {after:?}"
+        );
+    }
+
     #[test]
     fn the_derived_cap_leaves_room_for_upstream_sockets() {
         assert_eq!(connection_cap(None, 1024), 448);
