@@ -283,15 +283,6 @@ pub async fn serve_per_core(
     Ok(())
 }
 
-/// Aborts its task when dropped: the heartbeat stops with the accept loop that started it.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// How soon a serving runtime's driver is always due to wake, at the latest.
 const DRIVER_HEARTBEAT: Duration = Duration::from_secs(1);
 
@@ -327,28 +318,24 @@ const QUIET_BUSY_PER_BEAT: Duration = Duration::from_millis(2);
 /// quiet: ~10 MiB of the idle RSS after startup. Returning it during the load would hand the
 /// next request's allocations page faults, so it waits for a quiet heartbeat, and a spell that
 /// stays quiet is collected once.
-#[derive(Debug)]
+///
+/// Its default counts the first beat as after a busy spell: the serving thread just started.
+#[derive(Debug, Default)]
 struct IdleCollector {
     busy_before: Duration,
     collected: bool,
 }
 
-impl Default for IdleCollector {
-    fn default() -> Self {
-        // The first beat counts as after a busy spell: the serving thread just started.
-        Self {
-            busy_before: Duration::ZERO,
-            collected: false,
-        }
-    }
+/// The runtime's workers' busy time in total so far.
+fn total_busy(metrics: &tokio::runtime::RuntimeMetrics) -> Duration {
+    (0..metrics.num_workers())
+        .map(|w| metrics.worker_total_busy_duration(w))
+        .sum()
 }
 
 impl IdleCollector {
     fn quiet_since_last_beat(&mut self, metrics: &tokio::runtime::RuntimeMetrics) -> bool {
-        let busy: Duration = (0..metrics.num_workers())
-            .map(|w| metrics.worker_total_busy_duration(w))
-            .sum();
-        self.observe(busy)
+        self.observe(total_busy(metrics))
     }
 
     /// `busy`: the workers' busy time in total so far.
@@ -396,8 +383,8 @@ async fn accept_loop(listener: TcpListener, app: Router, serving: Serving) {
         header_read_timeout,
         shutdown_grace,
     } = serving;
-    let heartbeat = tokio::spawn(driver_heartbeat());
-    let _stop_heartbeat = AbortOnDrop(heartbeat);
+    // The heartbeat stops with the accept loop that started it.
+    let _heartbeat = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(driver_heartbeat()));
     let mut drained = pin!(drained(open.clone(), drain.clone(), shutdown_grace));
     let mut accept_errors = AcceptErrors::default();
     loop {
@@ -582,9 +569,7 @@ mod tests {
             .build()
             .unwrap_or_else(|e| panic!("runtime: {e}"));
         let metrics = runtime.handle().metrics();
-        let before: Duration = (0..metrics.num_workers())
-            .map(|w| metrics.worker_total_busy_duration(w))
-            .sum();
+        let before = total_busy(&metrics);
         runtime.block_on(async {
             tokio::spawn(async {
                 let start = std::time::Instant::now();
@@ -597,9 +582,7 @@ mod tests {
             // Metrics are published when the scheduler parks.
             tokio::time::sleep(Duration::from_millis(5)).await;
         });
-        let after: Duration = (0..metrics.num_workers())
-            .map(|w| metrics.worker_total_busy_duration(w))
-            .sum();
+        let after = total_busy(&metrics);
         assert!(
             after.saturating_sub(before) > QUIET_BUSY_PER_BEAT,
             "busy {before:?} -> {after:?}"

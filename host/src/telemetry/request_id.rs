@@ -30,13 +30,9 @@ impl RequestId {
     /// (`Uuid::now_v7` asked the kernel for its random bits, two `getrandom` calls on every
     /// request; ids of one millisecond need not sort among themselves.)
     pub fn generate() -> RequestId {
-        let millis = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |since| {
-                u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
-            });
         let random: [u8; 10] = rand::random();
-        let id = uuid::Builder::from_unix_timestamp_millis(millis, &random).into_uuid();
+        let id =
+            uuid::Builder::from_unix_timestamp_millis(crate::clock::unix_ms(), &random).into_uuid();
         RequestId(Arc::from(id.to_string()))
     }
 
