@@ -24,6 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run as bench  # noqa: E402  (shares config, mock, bodies and port offsets with the suite)
 
 
+# Seconds of each load before its RSS is read.
+LOAD_S = 5
+
+
 def args(name):
     return [sys.argv[i + 1] for i, a in enumerate(sys.argv) if a == name and i + 1 < len(sys.argv)]
 
@@ -51,13 +55,6 @@ def smaps_parts(pid, binary):
     return parts
 
 
-def post_script(work, model, stream):
-    script = work / ("stream.lua" if stream else "json.lua")
-    script.write_text('wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
-                      f"wrk.body = [[{bench.body(model, stream)}]]\n")
-    return script
-
-
 def measure(binary, strategies):
     env = dict(os.environ, RUST_LOG="warn", ROUTING_AFFINITY_ENABLED="0", SWITCHYARD_DEFAULT_AUTH="disabled",
                SWITCHYARD_BUILTIN_STRATEGIES=str(strategies))
@@ -75,8 +72,7 @@ def measure(binary, strategies):
         row = {"idle": bench.rss_mib(gw.pid), **smaps_parts(gw.pid, binary)}
         for stream in (False, True):
             kind = "streams" if stream else "requests"
-            subprocess.run(["wrk", "-t1", "-c32", "-d5s", "-s", str(post_script(work, "bench-fixed", stream)),
-                            url + "/v1/chat/completions"], check=True, capture_output=True)
+            bench.wrk(url + "/v1/chat/completions", bench.body("bench-fixed", stream), 32, work)
             row[f"after {kind}"] = bench.rss_mib(gw.pid)
             time.sleep(3)
             row[f"3 s after {kind}"] = bench.rss_mib(gw.pid)
@@ -92,6 +88,7 @@ def main():
     if not binaries:
         sys.exit("usage: idle_rss.py --binary PATH [--binary PATH ...] [--rounds N] [--port-base N]")
     rounds = int((args("--rounds") or ["3"])[0])
+    bench.DURATION = LOAD_S  # the suite's wrk run, shorter: the load only has to be served
     strategies = bench.target_dir() / "strategies"
     bench.ensure_tools(redis=False)
     rows = {b: [] for b in binaries}
