@@ -4,8 +4,8 @@
 //! fault it in again, and gives it back only when the allocator runs again after that delay: a
 //! process that goes quiet keeps whatever its last burst freed. Startup is such a burst (the
 //! configuration parsed, the strategies compiled or loaded from the cache, an instance
-//! created per model) followed by an idle gateway, which held ~10 MiB of freed memory
-//! for as long as no request came. [`return_freed_memory`] is for those moments.
+//! created per model) followed by an idle gateway, which held 7 MiB of freed memory (10 on the
+//! dev build) for as long as no request came. [`return_freed_memory`] is for those moments.
 //!
 //! This crate holds the daemon's one call into the allocator's C API (the daemon forbids
 //! `unsafe`).

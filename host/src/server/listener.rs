@@ -315,9 +315,9 @@ const QUIET_BUSY_PER_BEAT: Duration = Duration::from_millis(2);
 ///
 /// mimalloc returns freed memory only when it next runs after a delay, so a gateway that went
 /// quiet after a burst (or after startup) kept what the burst freed for as long as it stayed
-/// quiet: ~10 MiB of the idle RSS after startup. Returning it during the load would hand the
-/// next request's allocations page faults, so it waits for a quiet heartbeat, and a spell that
-/// stays quiet is collected once.
+/// quiet: 7 MiB of the release build's idle RSS after startup (10 on the dev build). Returning
+/// it during the load would hand the next request's allocations page faults, so it waits for a
+/// quiet heartbeat, and a spell that stays quiet is collected once.
 ///
 /// Its default counts the first beat as after a busy spell: the serving thread just started.
 #[derive(Debug, Default)]
