@@ -43,6 +43,7 @@ mod order;
 mod params;
 mod prefill;
 mod rng;
+mod skips;
 
 use std::cell::RefCell;
 use std::marker::PhantomData;
@@ -54,6 +55,7 @@ pub use order::{
 pub use params::{NoParams, params_schema, parse_params};
 pub use prefill::{least_loaded, p2c, prefill_aware_primary};
 pub use rng::Rng;
+pub use skips::Skips;
 
 pub use __private::bindings::exports::switchyard::router::strategy::{
     Candidate, Decision, Observation, Request, StrategyInfo, Upstream,
@@ -82,6 +84,11 @@ pub trait Strategy: Sized + 'static {
     /// `additionalProperties: false`, and [`params_schema`] enforces it anyway) and serde defaults
     /// for optional keys.
     type Params: serde::de::DeserializeOwned + schemars::JsonSchema;
+
+    /// Calls this strategy does without, which the host then does not make ([`Skips`]). A strategy
+    /// that keeps no state from `observe` or `tick`, or whose only order for one candidate is that
+    /// candidate, saves the host a call into it per request.
+    const SKIPS: Skips = Skips::NONE;
 
     /// Name, version and description, for discovery, logs and error messages.
     fn info() -> StrategyInfo;
@@ -238,7 +245,8 @@ impl PrefillPolicy {
 /// Exports a [`Strategy`] implementation as the crate's component. Use it once, in a `cdylib` crate.
 ///
 /// On `wasm32` it emits the component exports and stamps [`API_VERSION`] into a custom section named
-/// `switchyard-router-api` (UTF-8, no terminator) inside the component's core module. On other targets
+/// `switchyard-router-api` (UTF-8, no terminator) inside the component's core module, and
+/// [`Strategy::SKIPS`] into `switchyard-router-skips`. On other targets
 /// it only checks that the type implements [`Strategy`], so the crate's tests run natively.
 #[macro_export]
 macro_rules! export_strategy {
@@ -260,6 +268,11 @@ macro_rules! export_strategy {
             #[unsafe(link_section = "switchyard-router-api")]
             static SWITCHYARD_ROUTER_API: [u8; $crate::API_VERSION.len()] =
                 $crate::__private::API_VERSION_BYTES;
+
+            #[used]
+            #[unsafe(link_section = "switchyard-router-skips")]
+            static SWITCHYARD_ROUTER_SKIPS: [u8; <$strategy as $crate::Strategy>::SKIPS
+                .section_len()] = <$strategy as $crate::Strategy>::SKIPS.section();
         };
     };
 }

@@ -84,7 +84,7 @@ fn a_valid_config_prints_each_models_router_and_routes() {
 
 #[test]
 fn the_demo_config_checks() {
-    let demo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/switchyard.yaml");
+    let demo = crate::harness::repo().join("config/switchyard.yaml");
     let out = std::process::Command::new(crate::harness::binary())
         .args(["check", "--config"])
         .arg(&demo)

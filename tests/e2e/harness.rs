@@ -32,9 +32,13 @@ pub fn component(folder: &str, name: &str) -> PathBuf {
     path
 }
 
-/// The repository's root (the host crate's parent).
+/// The repository's root (the test crate's parent). `cargo test` names the crate's folder in the
+/// environment: a CI clone that reuses an earlier clone's target directory may run a test binary
+/// cargo did not rebuild, whose compiled-in path is the earlier clone.
 pub fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
+        .join("..")
 }
 
 /// One virtualenv is built at a time (tests run in parallel, and two may want the same one).
@@ -566,4 +570,16 @@ pub fn header(headers: &reqwest::header::HeaderMap, name: &str) -> Option<String
         .get(name)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned)
+}
+
+/// `bytes` with a custom section `name` holding `payload` appended.
+pub fn with_section(bytes: &[u8], name: &str, payload: &str) -> Vec<u8> {
+    let mut body = vec![name.len() as u8];
+    body.extend_from_slice(name.as_bytes());
+    body.extend_from_slice(payload.as_bytes());
+    let mut out = bytes.to_vec();
+    out.push(0x00);
+    out.push(body.len() as u8);
+    out.extend_from_slice(&body);
+    out
 }

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::harness::{Gateway, Mock, binary, chat_body, component, write_config};
+use crate::harness::{Gateway, Mock, binary, chat_body, component, with_section, write_config};
 
 const ADMIN: &str = "hot-swap-admin";
 
@@ -330,18 +330,6 @@ async fn a_relative_sqlite_file_is_beside_the_config_file() {
         "the database is beside config.yaml"
     );
     assert!(!Path::new("relative.db").exists());
-}
-
-/// `bytes` with a custom section `name` holding `payload` appended.
-fn with_section(bytes: &[u8], name: &str, payload: &str) -> Vec<u8> {
-    let mut body = vec![name.len() as u8];
-    body.extend_from_slice(name.as_bytes());
-    body.extend_from_slice(payload.as_bytes());
-    let mut out = bytes.to_vec();
-    out.push(0x00);
-    out.push(body.len() as u8);
-    out.extend_from_slice(&body);
-    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -277,15 +277,18 @@ async fn metrics_count_requests_attempts_fallbacks_and_errors_with_bounded_label
     let circuit = |id: &str| v("switchyard_endpoint_circuit_state", &[("endpoint", id)]);
     assert_eq!(circuit(&a_id), 2.0, "A's breaker is open: {text}");
     assert_eq!(circuit(&b_id), 0.0);
-    // The strategy ran select for each of the four requests that reached selection.
-    assert_eq!(
-        v(
-            "switchyard_strategy_select_duration_seconds_count",
-            &[("model", "demo"), ("strategy", "fixed")]
-        ),
-        4.0,
-        "{text}"
+    // Each of the four requests that reached selection was ordered: the three with both upstreams
+    // admitted by the strategy, the stream (A's breaker open, B alone) by the host, since `fixed`
+    // declares `select-single`.
+    let selected = v(
+        "switchyard_strategy_select_duration_seconds_count",
+        &[("model", "demo"), ("strategy", "fixed")],
     );
+    let skipped = v(
+        "switchyard_strategy_selects_skipped_total",
+        &[("model", "demo"), ("strategy", "fixed")],
+    );
+    assert_eq!((selected, skipped), (3.0, 1.0), "{text}");
     // The request log wrote the rows (it flushes every 250 ms).
     let mut written = 0.0;
     for _ in 0..100 {

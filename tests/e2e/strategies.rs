@@ -9,7 +9,7 @@ use switchyard::strategy::{
     StrategyError, StrategyLimits, catalog, contract, record,
 };
 
-use crate::harness::{Gateway, Mock, chat_body, component};
+use crate::harness::{Gateway, Mock, chat_body, component, with_section};
 
 /// Deadline tests need a short deadline; the contract checks behaviour, not speed, and runs beside
 /// many other tests on two cores, so it gets a generous one.
@@ -74,10 +74,13 @@ fn candidates() -> Vec<Candidate> {
         .collect()
 }
 
+/// Name of the contract check of a `select-single` declaration (it begins so).
+const SELECT_SINGLE_CHECK: &str = "declared select-single holds";
+
 #[tokio::test]
 async fn builtin_strategies_pass_the_contract() {
     let engine = engine_with(Duration::from_millis(500));
-    for name in ["fixed", "round_robin"] {
+    for (name, declares_select_single) in [("fixed", true), ("round_robin", false)] {
         let report = contract::run(
             &engine,
             &component("strategies", name),
@@ -85,7 +88,119 @@ async fn builtin_strategies_pass_the_contract() {
         )
         .await;
         assert!(report.passed(), "{name}: {report:#?}");
+        let checked = report
+            .checks
+            .iter()
+            .any(|c| c.name.starts_with(SELECT_SINGLE_CHECK));
+        assert_eq!(checked, declares_select_single, "{name}: {report:#?}");
     }
+}
+
+/// The calls each built-in declares it does without (`Strategy::SKIPS`, stamped by the SDK).
+#[tokio::test]
+async fn builtin_strategies_declare_the_calls_they_do_without() {
+    let engine = engine();
+    for (name, words) in [
+        ("fixed", vec!["observe", "tick", "select-single"]),
+        ("round_robin", vec!["observe", "tick"]),
+        ("routewise", vec![]),
+    ] {
+        let loaded = catalog::load(&engine, &component("strategies", name))
+            .await
+            .unwrap();
+        assert_eq!(loaded.skips.words(), words, "{name}");
+    }
+}
+
+/// A strategy that declares `select-single` but answers one candidate with metadata, or whose
+/// single-candidate select changes its state, is caught by the contract suite (which calls the
+/// guest itself), and a word the host does not know is refused
+/// when the file loads, naming it.
+#[tokio::test]
+async fn a_false_or_misspelt_skip_declaration_is_caught() {
+    let engine = engine_with(Duration::from_millis(500));
+    let dir = tempfile::tempdir().unwrap();
+    // `echo_inputs` answers every select with its inputs as metadata.
+    let echo = std::fs::read(component("strategies-testing", "echo_inputs")).unwrap();
+    // The check of a `select-single` declaration added to `bytes`; the report must fail.
+    let claimed = async |name: &str, bytes: &[u8]| {
+        let path = dir.path().join(name);
+        std::fs::write(
+            &path,
+            with_section(bytes, "switchyard-router-skips", "select-single"),
+        )
+        .unwrap();
+        let report = contract::run(&engine, &path, &serde_json::json!({})).await;
+        assert!(!report.passed());
+        report
+            .checks
+            .into_iter()
+            .find(|c| c.name.starts_with(SELECT_SINGLE_CHECK))
+            .unwrap_or_else(|| panic!("{name}: no {SELECT_SINGLE_CHECK} check"))
+    };
+    let check = claimed("false_claim.wasm", &echo).await;
+    assert!(!check.passed, "{check:?}");
+    assert!(check.detail.contains("metadata"), "{check:?}");
+
+    // `round_robin` moves its cursor on every select, one candidate too: a single-candidate
+    // select changes what it does next. Its own declaration is hidden (renamed) and replaced.
+    let mut round_robin = std::fs::read(component("strategies", "round_robin")).unwrap();
+    let own = round_robin
+        .windows(23)
+        .position(|w| w == b"switchyard-router-skips")
+        .unwrap();
+    round_robin[own + 22] = b'z';
+    let check = claimed("stateful_claim.wasm", &round_robin).await;
+    assert!(!check.passed, "{check:?}");
+    assert!(
+        check.detail.contains("after a single-candidate select"),
+        "{check:?}"
+    );
+
+    let misspelt = dir.path().join("misspelt.wasm");
+    std::fs::write(
+        &misspelt,
+        with_section(&echo, "switchyard-router-skips", "observe selct-single"),
+    )
+    .unwrap();
+    let err = catalog::load(&engine, &misspelt).await.unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("\"selct-single\""), "{text}");
+    assert!(
+        text.contains("known: observe, tick, select-single"),
+        "{text}"
+    );
+}
+
+/// With `select-single` declared, one candidate is ordered by the host: the same decision the
+/// guest gives, without the call; with two candidates the guest is asked.
+#[tokio::test]
+async fn a_declared_select_single_is_answered_by_the_host() {
+    let engine = engine();
+    let strategy = Arc::new(
+        catalog::load(&engine, &component("strategies", "fixed"))
+            .await
+            .unwrap(),
+    );
+    let r = ModelRouter::new(&engine, strategy, "m", &serde_json::json!({}), vec![])
+        .await
+        .unwrap();
+    let all = candidates();
+    let one = &all[1..2];
+    let skipped = r.select(&request(), one).await.unwrap();
+    assert_eq!(skipped.order, vec![one[0].index]);
+    assert_eq!(skipped.hedge, None);
+    assert_eq!(skipped.strategy_metadata, "");
+    let stats = |r: &ModelRouter| {
+        use std::sync::atomic::Ordering::Relaxed;
+        (
+            r.stats.selects.load(Relaxed),
+            r.stats.selects_skipped.load(Relaxed),
+        )
+    };
+    assert_eq!(stats(&r), (1, 1));
+    r.select(&request(), &all).await.unwrap();
+    assert_eq!(stats(&r), (2, 1));
 }
 
 /// The host writes `select`'s arguments into guest memory with its own lowering (the
@@ -310,4 +425,45 @@ async fn a_broken_strategy_falls_back_to_declared_order_and_spares_other_models(
     let log = gw.log();
     assert!(log.contains("strategy failure"), "{log}");
     assert!(log.contains("exceeded its deadline"), "{log}");
+}
+
+/// Through the gateway: a `fixed` model with one upstream is ordered without calls into the
+/// strategy (`/health/deep` counts them as skipped), one with two upstreams still asks it, and both
+/// serve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_skips_what_a_strategy_declares_it_does_without() {
+    let a = Mock::start(&[]);
+    let b = Mock::start(&[]);
+    let route = |url: String| format!("      - kind: openai_compat\n        base_url: {url}\n");
+    let gw = Gateway::start(&format!(
+        "server:\n  admin_token: admin-secret\nmodels:\n  - id: one\n    router: fixed\n    route:\n{}  - id: two\n    router: fixed\n    route:\n{}{}",
+        route(a.base_url()),
+        route(a.base_url()),
+        route(b.base_url()),
+    ));
+    for _ in 0..3 {
+        for model in ["one", "two"] {
+            let (status, body) = gw.chat(chat_body(model, false)).await;
+            assert_eq!(status, 200, "{body}");
+        }
+    }
+    let deep = gw.deep("admin-secret").await;
+    let router = |model: &str| {
+        deep["routers"]
+            .as_array()
+            .and_then(|routers| routers.iter().find(|r| r["model"] == model))
+            .cloned()
+            .unwrap_or_else(|| panic!("{model} in {deep}"))
+    };
+    let one = router("one");
+    assert_eq!(one["selects"], 3, "{one}");
+    assert_eq!(one["selects_skipped"], 3, "{one}");
+    assert_eq!(
+        one["skips"],
+        serde_json::json!(["observe", "tick", "select-single"]),
+        "{one}"
+    );
+    let two = router("two");
+    assert_eq!(two["selects"], 3, "{two}");
+    assert_eq!(two["selects_skipped"], 0, "{two}");
 }

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use crate::harness::{binary, component, target_dir, write_config};
 
 fn examples() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/examples")
+    crate::harness::repo().join("docs/examples")
 }
 
 /// A config whose catalog holds the freshly built strategies (`strategies run NAME` looks names up

@@ -385,8 +385,14 @@ fn demo() -> Result<()> {
     Ok(())
 }
 
+/// The checkout this run belongs to. `cargo run` (what `cargo xtask` is) names the manifest's
+/// directory in the environment; the path compiled in is only a fallback. A CI clone shares a
+/// target directory with earlier clones and cargo does not rebuild xtask for a new path, so the
+/// compiled-in path was an earlier clone: strategies were built from its sources, not this one's.
 fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
+    manifest_dir
         .parent()
         .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
 }

@@ -194,6 +194,8 @@ pub async fn health_deep(
                 "strategy": m.router.strategy.label(),
                 "deadline_ms": m.router.deadline().as_secs_f64() * 1000.0,
                 "selects": s.selects.load(Ordering::Relaxed),
+                "selects_skipped": s.selects_skipped.load(Ordering::Relaxed),
+                "skips": m.router.strategy.skips.words(),
                 "failures": s.failures.load(Ordering::Relaxed),
                 "resets": s.resets.load(Ordering::Relaxed),
                 "last_failure": *s.last_failure.lock(),

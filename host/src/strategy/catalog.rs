@@ -18,6 +18,7 @@ use sha2::{Digest, Sha256};
 use super::StrategyError;
 use super::engine::StrategyEngine;
 use super::imports;
+use super::skips::{SKIPS_SECTION, SkippedCalls};
 use super::wit::{API_VERSION_SECTION, ApiVersion, Pre, SUPPORTED_API_VERSIONS};
 
 /// Name of the custom section in which a strategy declares the deadline its calls need, in
@@ -47,6 +48,8 @@ pub struct LoadedStrategy {
     /// The `select` deadline the component declares (custom section
     /// [`DEADLINE_SECTION`], decimal milliseconds), capped by the host when used.
     pub declared_deadline: Option<std::time::Duration>,
+    /// The calls the component declares it does without (custom section [`SKIPS_SECTION`]).
+    pub skips: SkippedCalls,
     validator: jsonschema::Validator,
     pub(super) pre: Pre,
 }
@@ -579,6 +582,19 @@ pub async fn load_bytes(
             }
         },
     };
+    let skips = match custom_section(&bytes, SKIPS_SECTION).map(|text| SkippedCalls::parse(&text)) {
+        None => SkippedCalls::default(),
+        Some(Ok(skips)) => skips,
+        Some(Err(reason)) => {
+            return Err(fail(
+                failure,
+                StrategyError::Load {
+                    path: path.to_owned(),
+                    reason,
+                },
+            ));
+        }
+    };
     let shape = match imports::read(&bytes) {
         Ok(shape) => shape,
         Err(reason) => {
@@ -604,6 +620,7 @@ pub async fn load_bytes(
     match compile_and_ask(engine, path, bytes, api_version, shape.imports, sha256).await {
         Ok(mut loaded) => {
             loaded.declared_deadline = declared_deadline;
+            loaded.skips = skips;
             Ok(loaded)
         }
         Err((declared, e)) => {
@@ -711,6 +728,7 @@ async fn compile_and_ask(
         imports,
         sha256,
         declared_deadline: None,
+        skips: SkippedCalls::default(),
         pre,
     })
 }

@@ -191,6 +191,13 @@ async fn run_loaded(
         empty.err().map(|e| e.to_string()).unwrap_or_default(),
     ));
 
+    if strategy.skips.select_single {
+        match (make().await, make().await) {
+            (Ok(c), Ok(d)) => checks.push(select_single_holds(&c, &d, &mut rng).await),
+            (Err(e), _) | (_, Err(e)) => checks.push(fail(SELECT_SINGLE_CHECK, e.to_string())),
+        }
+    }
+
     let failures_before = a.stats.failures.load(std::sync::atomic::Ordering::Relaxed);
     let status = a.status_text().await;
     a.tick(u64::MAX / 2).await;
@@ -209,6 +216,47 @@ async fn run_loaded(
         )),
         Err(e) => checks.push(fail("status is JSON", e.to_string())),
     }
+}
+
+const SELECT_SINGLE_CHECK: &str = "declared select-single holds (one candidate: that candidate, no hedge, no metadata, no state changed)";
+
+/// Checks a `select-single` declaration against the guest itself: `c` gets a single-candidate
+/// `select` before each case that both it and `d` decide, so a single-candidate call that
+/// changed the strategy's state shows as the two diverging.
+async fn select_single_holds(c: &ModelRouter, d: &ModelRouter, rng: &mut StdRng) -> ContractCheck {
+    let mut problems = Vec::new();
+    for case in 0..CASES {
+        let (request, candidates) = random_case(rng);
+        let only = [candidates[rng.random_range(0..candidates.len())]];
+        match c.select_in_guest(&request, &only).await {
+            Ok(decision) => {
+                if decision.order != [only[0].index]
+                    || decision.hedge.is_some()
+                    || !decision.strategy_metadata.is_empty()
+                {
+                    problems.push(format!(
+                        "case {case}: one candidate ({}) gave order {:?}, hedge {:?}, metadata {:?}",
+                        only[0].index, decision.order, decision.hedge, decision.strategy_metadata
+                    ));
+                }
+            }
+            Err(e) => problems.push(format!("case {case}: {e}")),
+        }
+        let after = c.select_in_guest(&request, &candidates).await;
+        let unaffected = d.select_in_guest(&request, &candidates).await;
+        if let (Ok(after), Ok(unaffected)) = (&after, &unaffected)
+            && after.order != unaffected.order
+        {
+            problems.push(format!(
+                "case {case}: after a single-candidate select the order was {:?}, without it {:?}",
+                after.order, unaffected.order
+            ));
+        }
+        if problems.len() >= MAX_FAILING_CASES {
+            break;
+        }
+    }
+    summary(SELECT_SINGLE_CHECK, &problems)
 }
 
 fn route_table() -> Vec<UpstreamInfo> {

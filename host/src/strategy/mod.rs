@@ -13,6 +13,7 @@ pub mod record;
 pub mod replay;
 pub mod router;
 pub mod shadow;
+pub mod skips;
 mod types;
 mod wit;
 
@@ -24,6 +25,7 @@ pub use catalog::{
 pub use engine::{StrategyEngine, StrategyLimits};
 pub use router::ModelRouter;
 pub use shadow::Shadow;
+pub use skips::{SKIPS_SECTION, SkippedCalls};
 pub use types::{
     Candidate, CircuitState, Decision, HedgeRequest, Modalities, Observation, PrefillPolicy,
     Pricing, Request, StrategyInfo, UpstreamInfo, upstream_table,

@@ -27,6 +27,8 @@ struct LiveInstance {
 #[derive(Debug, Default)]
 pub struct RouterStats {
     pub selects: AtomicU64,
+    /// Of `selects`, those the host answered for the strategy (one candidate, `select-single`).
+    pub selects_skipped: AtomicU64,
     /// Calls that trapped, timed out, ran out of memory, returned an error or an invalid order.
     pub failures: AtomicU64,
     /// Times the instance was re-created after a trap (its state was reset).
@@ -217,7 +219,34 @@ impl ModelRouter {
 
     /// Asks the strategy for an order. The result is checked: every index must be one of the
     /// candidates' and appear once. On any error the caller falls back to declared order.
+    ///
+    /// A strategy that declares `select-single` is not called for one candidate: the host gives
+    /// the answer the strategy promised (that candidate, no hedge, no metadata).
     pub async fn select(
+        &self,
+        request: &Request,
+        candidates: &[Candidate],
+    ) -> Result<Decision, StrategyError> {
+        if let [only] = candidates
+            && self.strategy.skips.select_single
+        {
+            self.stats.selects.fetch_add(1, Ordering::Relaxed);
+            self.stats.selects_skipped.fetch_add(1, Ordering::Relaxed);
+            if !self.shadow {
+                telemetry::strategy_select_skipped(&self.model_id, &self.strategy.name);
+            }
+            return Ok(Decision {
+                order: vec![only.index],
+                hedge: None,
+                strategy_metadata: String::new(),
+            });
+        }
+        self.select_in_guest(request, candidates).await
+    }
+
+    /// [`Self::select`] through the guest whatever it declared (the contract suite checks the
+    /// declaration against it).
+    pub(crate) async fn select_in_guest(
         &self,
         request: &Request,
         candidates: &[Candidate],
@@ -316,15 +345,25 @@ impl ModelRouter {
         result
     }
 
+    /// Whether the strategy wants `observe` (it did not declare it skipped).
+    pub fn observes(&self) -> bool {
+        !self.strategy.skips.observe
+    }
+
     pub async fn observe(&self, observation: &Observation) {
         self.note_activity(observation.index, observation.now_ms);
+        if !self.observes() {
+            return;
+        }
         let result = self.call(Call::Observe(observation)).await;
         if let Err(e) = &result {
             self.record_failure(e);
         }
     }
 
-    fn note_activity(&self, index: u32, at_ms: u64) {
+    /// Records that the upstream at `index` finished an attempt at `at_ms` (what
+    /// [`Self::last_activity_ms`] reads), whether or not the strategy observes it.
+    pub(crate) fn note_activity(&self, index: u32, at_ms: u64) {
         let table = self.upstreams.lock();
         let Some(route) = table.iter().find(|r| r.index == index) else {
             return;
@@ -366,6 +405,9 @@ impl ModelRouter {
     }
 
     pub async fn tick(&self, now_ms: u64) {
+        if self.strategy.skips.tick {
+            return;
+        }
         let result = self.call(Call::Tick(now_ms)).await;
         if let Err(e) = &result {
             self.record_failure(e);

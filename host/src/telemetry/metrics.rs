@@ -71,6 +71,9 @@ pub mod names {
     pub const QUOTA_HEADROOM: &str = "switchyard_quota_headroom_requests";
     /// Histogram, seconds: a strategy's `select` call.
     pub const STRATEGY_SELECT_DURATION: &str = "switchyard_strategy_select_duration_seconds";
+    /// Counter: `select`s the host answered without calling the strategy (one candidate, and the
+    /// strategy declared `select-single`).
+    pub const STRATEGY_SELECTS_SKIPPED: &str = "switchyard_strategy_selects_skipped_total";
     /// Counter: strategy calls that failed, by `kind` (trap, timeout, memory, rejected,
     /// invalid_decision, engine).
     pub const STRATEGY_FAILURES: &str = "switchyard_strategy_failures_total";
@@ -150,6 +153,7 @@ pub mod names {
         QUIET_KEYS,
         QUOTA_HEADROOM,
         STRATEGY_SELECT_DURATION,
+        STRATEGY_SELECTS_SKIPPED,
         STRATEGY_FAILURES,
         STRATEGY_FALLBACKS,
         STRATEGY_RESETS,
@@ -305,6 +309,10 @@ fn describe() {
         "Requests a quota route may still send this period"
     );
     describe_histogram!(STRATEGY_SELECT_DURATION, "Duration of a strategy's select");
+    describe_counter!(
+        STRATEGY_SELECTS_SKIPPED,
+        "Selects answered by the host for a strategy that declared select-single"
+    );
     describe_counter!(STRATEGY_FAILURES, "Failed strategy calls, by kind");
     describe_counter!(
         STRATEGY_FALLBACKS,
@@ -524,6 +532,13 @@ pub fn strategy_select(model: &str, strategy: &str, duration: Duration) {
     }
 }
 
+/// The host answered a `select` for the strategy (one candidate, `select-single` declared).
+pub fn strategy_select_skipped(model: &str, strategy: &str) {
+    if let Some(hot) = HOT.get() {
+        hot.strategy_select_skipped(model, strategy);
+    }
+}
+
 /// A model's shadow strategy's `select` took `duration` (off the request path).
 pub fn shadow_select(model: &str, strategy: &str, duration: Duration) {
     histogram!(
@@ -622,6 +637,7 @@ struct HotPath {
     overhead: Series<Histogram>,
     attempts: Series<AttemptSeries>,
     selects: Series<Histogram>,
+    skipped_selects: Series<Counter>,
 }
 
 /// One request label set (`REQUEST_LABELS`).
@@ -753,6 +769,17 @@ impl HotPath {
         self.selects.with(&[model, strategy], register, |h| {
             h.record(duration.as_secs_f64())
         });
+    }
+
+    fn strategy_select_skipped(&self, model: &str, strategy: &str) {
+        let register = |v: &[&str]| {
+            counter!(
+                STRATEGY_SELECTS_SKIPPED,
+                labelled(&["model", "strategy"], v)
+            )
+        };
+        self.skipped_selects
+            .with(&[model, strategy], register, |c| c.increment(1));
     }
 }
 

@@ -4,6 +4,9 @@
 // other section refers to.
 
 export const SECTION = "switchyard-router-api";
+// The calls a strategy may declare it does without (the host's `SkippedCalls`).
+export const SKIPS_SECTION = "switchyard-router-skips";
+export const SKIPPABLE = ["observe", "tick", "select-single"];
 const PREAMBLE = [0x00, 0x61, 0x73, 0x6d, 0x0d, 0x00, 0x01, 0x00];
 
 function leb128(n) {
@@ -24,8 +27,8 @@ export function customSection(name, payload) {
   return Uint8Array.from([0, ...leb128(body.length), ...body]);
 }
 
-/** The version in the component's top-level section, or null. */
-export function stampedVersion(bytes) {
+/** The payload of the component's top-level custom section `wanted`, as text, or null. */
+function sectionText(bytes, wanted) {
   let pos = 8;
   const leb = () => {
     let result = 0;
@@ -44,11 +47,50 @@ export function stampedVersion(bytes) {
     if (id === 0) {
       const nameLength = leb();
       const name = new TextDecoder().decode(bytes.subarray(pos, pos + nameLength));
-      if (name === SECTION) return new TextDecoder().decode(bytes.subarray(pos + nameLength, end));
+      if (name === wanted) return new TextDecoder().decode(bytes.subarray(pos + nameLength, end));
     }
     pos = end;
   }
   return null;
+}
+
+/** The version in the component's top-level section, or null. */
+export function stampedVersion(bytes) {
+  return sectionText(bytes, SECTION);
+}
+
+/** The words of the component's top-level `switchyard-router-skips` section, or null. */
+export function declaredSkips(bytes) {
+  const text = sectionText(bytes, SKIPS_SECTION);
+  return text === null ? null : text.split(/\s+/).filter(Boolean);
+}
+
+/**
+ * `bytes` with a `switchyard-router-skips` section naming the calls the strategy does without
+ * (unchanged for no words, or when already declared alike). `observe`: its `observe` does
+ * nothing. `tick`: its `tick` does nothing. `select-single`: with one candidate, `select` orders
+ * that candidate alone, with no hedge and empty metadata, and changes no state. The host then does
+ * not make those calls; `switchyard strategies test` checks `select-single` against the component.
+ */
+export function declareSkips(bytes, skips) {
+  const words = [...new Set(skips)];
+  const unknown = words.filter((w) => !SKIPPABLE.includes(w));
+  if (unknown.length > 0) throw new Error(`cannot skip ${unknown.join(", ")} (known: ${SKIPPABLE.join(", ")})`);
+  if (words.length === 0) return bytes;
+  if (!PREAMBLE.every((b, i) => bytes[i] === b)) throw new Error("not a WebAssembly component");
+  const existing = declaredSkips(bytes);
+  if (existing !== null) {
+    if (existing.join(" ") === words.join(" ")) return bytes;
+    throw new Error(`already declares skips ${existing.join(" ")}`);
+  }
+  return append(bytes, customSection(SKIPS_SECTION, new TextEncoder().encode(words.join(" "))));
+}
+
+function append(bytes, section) {
+  const out = new Uint8Array(bytes.length + section.length);
+  out.set(bytes);
+  out.set(section, bytes.length);
+  return out;
 }
 
 /** `bytes` with the section appended (unchanged when already stamped with `version`). */
@@ -57,9 +99,5 @@ export function stamp(bytes, version) {
   const existing = stampedVersion(bytes);
   if (existing === version) return bytes;
   if (existing !== null) throw new Error(`already stamped with API version ${existing}`);
-  const section = customSection(SECTION, new TextEncoder().encode(version));
-  const out = new Uint8Array(bytes.length + section.length);
-  out.set(bytes);
-  out.set(section, bytes.length);
-  return out;
+  return append(bytes, customSection(SECTION, new TextEncoder().encode(version)));
 }

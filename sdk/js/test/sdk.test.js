@@ -21,7 +21,7 @@ import {
   affinityFirst,
   DEFAULT_PREFILL,
 } from "../src/index.js";
-import { SECTION, stamp, stampedVersion } from "../src/stamp.js";
+import { SECTION, declareSkips, declaredSkips, stamp, stampedVersion } from "../src/stamp.js";
 
 test("Rng matches the reference SplitMix64 sequence (and the Rust and Python SDKs)", () => {
   const rng = new Rng(0n);
@@ -138,4 +138,15 @@ test("stamp appends the API version section once", () => {
   // id 0, size, name length, name, payload.
   const tail = [...stamped.slice(8)];
   assert.deepEqual(tail.slice(0, 3), [0, 1 + SECTION.length + 5, SECTION.length]);
+});
+
+test("skips are declared once, and only calls the host can skip", () => {
+  const component = Uint8Array.from([0, 0x61, 0x73, 0x6d, 0x0d, 0, 1, 0]);
+  assert.equal(declareSkips(component, []), component, "no words, no section");
+  assert.equal(declaredSkips(component), null);
+  const declared = declareSkips(component, ["observe", "tick", "observe"]);
+  assert.deepEqual(declaredSkips(declared), ["observe", "tick"]);
+  assert.equal(declareSkips(declared, ["observe", "tick"]), declared, "declaring alike twice is a no-op");
+  assert.throws(() => declareSkips(declared, ["select-single"]), /already declares skips observe tick/);
+  assert.throws(() => declareSkips(component, ["obsreve"]), /known: observe, tick, select-single/);
 });

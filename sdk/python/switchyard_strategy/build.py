@@ -18,7 +18,7 @@ import tempfile
 import time
 
 from . import API_VERSION
-from .stamp import stamp
+from .stamp import SKIPPABLE, declare_skips, stamp
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 WIT_DIR = os.path.join(_HERE, "wit")
@@ -41,7 +41,7 @@ from switchyard_strategy._glue import Router  # noqa: F401
 """
 
 
-def build(source: str, output: str, quiet: bool = False) -> None:
+def build(source: str, output: str, quiet: bool = False, skips=()) -> None:
     source = os.path.abspath(source)
     if not source.endswith(".py") or not os.path.isfile(source):
         raise SystemExit(f"switchyard-strategy build: {source} is not a Python file")
@@ -87,6 +87,7 @@ def build(source: str, output: str, quiet: bool = False) -> None:
         if result.returncode != 0:
             raise SystemExit(f"switchyard-strategy build: componentize-py failed ({result.returncode})")
     stamp(output, API_VERSION)
+    declare_skips(output, skips)
     if not quiet:
         size = os.path.getsize(output)
         print(
@@ -105,11 +106,20 @@ def main(argv=None) -> None:
     s = commands.add_parser("stamp", help="stamp the API version into a component built otherwise")
     s.add_argument("component")
     s.add_argument("--api-version", default=API_VERSION)
+    for p in (b, s):
+        p.add_argument(
+            "--skip",
+            action="append",
+            default=[],
+            choices=SKIPPABLE,
+            help="a call the strategy does without, which the host then skips (repeatable)",
+        )
     args = parser.parse_args(argv)
     if args.command == "build":
-        build(args.module, args.output or args.module[:-3] + ".wasm", args.quiet)
+        build(args.module, args.output or args.module[:-3] + ".wasm", args.quiet, args.skip)
     else:
         stamp(args.component, args.api_version)
+        declare_skips(args.component, args.skip)
 
 
 if __name__ == "__main__":

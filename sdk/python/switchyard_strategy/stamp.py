@@ -4,6 +4,9 @@ whose payload is the version in UTF-8, which the host reads before compiling (se
 edit that no other section refers to."""
 
 SECTION = "switchyard-router-api"
+# The calls a strategy may declare it does without (the host's `SkippedCalls`).
+SKIPS_SECTION = "switchyard-router-skips"
+SKIPPABLE = ("observe", "tick", "select-single")
 _COMPONENT_PREAMBLE = b"\0asm\x0d\x00\x01\x00"
 
 
@@ -54,24 +57,57 @@ def _sections(data: bytes):
         pos = end
 
 
-def stamped_version(data: bytes):
-    """The version in the component's top-level section, or None."""
+def _section_text(data: bytes, wanted: str):
+    """The payload of the component's top-level custom section `wanted`, or None."""
     for section_id, name, payload in _sections(data):
-        if section_id == 0 and name == SECTION:
+        if section_id == 0 and name == wanted:
             return payload.decode()
     return None
 
 
+def stamped_version(data: bytes):
+    """The version in the component's top-level section, or None."""
+    return _section_text(data, SECTION)
+
+
+def declared_skips(data: bytes):
+    """The words of the component's top-level `switchyard-router-skips` section, or None."""
+    text = _section_text(data, SKIPS_SECTION)
+    return None if text is None else text.split()
+
+
+def declare_skips(path: str, skips) -> None:
+    """Appends a `switchyard-router-skips` section naming the calls the strategy does without
+    (once; a differing declaration is an error). Nothing is written for no words.
+
+    `observe`: its `observe` does nothing. `tick`: its `tick` does nothing. `select-single`: with
+    one candidate, `select` orders that candidate alone, with no hedge and empty metadata, and
+    changes no state. The host then does not make those calls; `switchyard strategies test`
+    checks `select-single` against the component."""
+    words = list(dict.fromkeys(skips))
+    unknown = [w for w in words if w not in SKIPPABLE]
+    if unknown:
+        raise ValueError(f"cannot skip {', '.join(unknown)} (known: {', '.join(SKIPPABLE)})")
+    if words:
+        _append_once(path, SKIPS_SECTION, " ".join(words), "already declares skips")
+
+
 def stamp(path: str, version: str) -> None:
     """Appends the section to the component at `path` (once; a differing stamp is an error)."""
+    _append_once(path, SECTION, version, "is already stamped with API version")
+
+
+def _append_once(path: str, name: str, text: str, differing: str) -> None:
+    """Appends section `name` holding `text` to the component at `path`, unless it holds it already;
+    a section of that name with other text is an error (`differing`, then that text)."""
     with open(path, "rb") as f:
         data = f.read()
     if data[:8] != _COMPONENT_PREAMBLE:
         raise ValueError(f"{path} is not a WebAssembly component")
-    existing = stamped_version(data)
-    if existing == version:
+    existing = _section_text(data, name)
+    if existing == text:
         return
     if existing is not None:
-        raise ValueError(f"{path} is already stamped with API version {existing}")
+        raise ValueError(f"{path} {differing} {existing}")
     with open(path, "ab") as f:
-        f.write(custom_section(SECTION, version.encode()))
+        f.write(custom_section(name, text.encode()))

@@ -35,7 +35,13 @@ from switchyard_strategy import (  # noqa: E402
     weighted_shuffle,
 )
 from switchyard_strategy import types as sdk_types  # noqa: E402
-from switchyard_strategy.stamp import SECTION, stamp, stamped_version  # noqa: E402
+from switchyard_strategy.stamp import (  # noqa: E402
+    SECTION,
+    declare_skips,
+    declared_skips,
+    stamp,
+    stamped_version,
+)
 
 
 class RngTest(unittest.TestCase):
@@ -179,6 +185,25 @@ class StampTest(unittest.TestCase):
             self.assertEqual(data[8:11], bytes([0, 1 + len(SECTION) + 5, len(SECTION)]))
             with self.assertRaises(ValueError):
                 stamp(path, "0.3.0")
+
+    def test_skips_are_declared_once_and_only_known_words(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "c.wasm")
+            with open(path, "wb") as f:
+                f.write(b"\0asm\x0d\x00\x01\x00")
+            declare_skips(path, [])
+            with open(path, "rb") as f:
+                self.assertIsNone(declared_skips(f.read()))
+            declare_skips(path, ["observe", "tick", "observe"])
+            declare_skips(path, ["observe", "tick"])
+            with open(path, "rb") as f:
+                data = f.read()
+            self.assertEqual(declared_skips(data), ["observe", "tick"])
+            self.assertEqual(data.count(b"switchyard-router-skips"), 1)
+            with self.assertRaises(ValueError):
+                declare_skips(path, ["select-single"])
+            with self.assertRaisesRegex(ValueError, "known: observe, tick, select-single"):
+                declare_skips(path, ["obsreve"])
 
 
 class BindingsTest(unittest.TestCase):

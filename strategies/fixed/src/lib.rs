@@ -31,8 +31,8 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use switchyard_sdk::{
-    Candidate, Decision, Request, Rng, Strategy, StrategyInfo, affinity_first, order_of_positions,
-    prefill_aware_primary, priority_tiers, usable_weight, weighted_shuffle,
+    Candidate, Decision, Request, Rng, Skips, Strategy, StrategyInfo, affinity_first,
+    order_of_positions, prefill_aware_primary, priority_tiers, usable_weight, weighted_shuffle,
 };
 
 /// How the fallbacks of a priority tier are ordered (the primary is always a weighted draw).
@@ -121,6 +121,9 @@ impl Fixed {
 
 impl Strategy for Fixed {
     type Params = FixedParams;
+
+    // Stateless: nothing to learn or age, and one candidate can only be ordered one way.
+    const SKIPS: Skips = Skips::NONE.observe().tick().select_single();
 
     fn info() -> StrategyInfo {
         StrategyInfo::new(

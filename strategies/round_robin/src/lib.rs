@@ -18,7 +18,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use switchyard_sdk::serde_json::json;
 use switchyard_sdk::{
-    Candidate, CircuitState, Decision, Request, Strategy, StrategyInfo, Upstream,
+    Candidate, CircuitState, Decision, Request, Skips, Strategy, StrategyInfo, Upstream,
     declared_positions, usable_weight,
 };
 
@@ -77,6 +77,10 @@ impl RoundRobin {
 
 impl Strategy for RoundRobin {
     type Params = RoundRobinParams;
+
+    // Its state is the cursor, which `select` moves even for one candidate: only `observe` and
+    // `tick` are skipped.
+    const SKIPS: Skips = Skips::NONE.observe().tick();
 
     fn info() -> StrategyInfo {
         StrategyInfo::new(

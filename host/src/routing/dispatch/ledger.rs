@@ -341,6 +341,11 @@ fn prompt_tokens(usage: &ir::Usage, estimate: u32) -> u32 {
 /// holds the model's instance, or a guest waits on host I/O) does it become a task of its own.
 /// A task per request was a wake-up of another worker thread on every request.
 fn report(router: &Arc<ModelRouter>, observation: Observation) {
+    if !router.observes() {
+        // Declared `observe` skipped: no call, no future; the activity the prober reads is kept.
+        router.note_activity(observation.index, observation.now_ms);
+        return;
+    }
     let router = router.clone();
     let mut call = Box::pin(async move { router.observe(&observation).await });
     let mut cx = Context::from_waker(std::task::Waker::noop());

@@ -29,6 +29,10 @@ pub struct Router {
 impl Strategy for Router {
     type Params = Params;
 
+    // Calls this strategy does without save the gateway a call into it per request; declare only
+    // what stays true as you change it (`switchyard strategies test` checks `select_single`):
+    // const SKIPS: switchyard_sdk::Skips = switchyard_sdk::Skips::NONE.observe().tick().select_single();
+
     fn info() -> StrategyInfo {
         StrategyInfo::new(
             "{{name}}",
