@@ -552,75 +552,28 @@ pub async fn load_bytes(
         });
         failure
     };
-    let api_version = match api_version(&bytes) {
-        Ok(v) => v,
-        Err(reason) => {
-            return Err(fail(
-                failure,
-                StrategyError::Load {
-                    path: path.to_owned(),
-                    reason,
-                },
-            ));
-        }
+    // A file refused before compiling: the reason is all there is to say.
+    let refuse = |mut failure: MissingStrategy, reason: String| {
+        failure.reason = one_line(&reason);
+        failure
     };
-    let declared_deadline = match custom_section(&bytes, DEADLINE_SECTION) {
-        None => None,
-        Some(text) => match text.parse::<u64>() {
-            Ok(ms) if ms > 0 => Some(std::time::Duration::from_millis(ms)),
-            _ => {
-                let reason = format!(
-                    "custom section {DEADLINE_SECTION} must hold a positive number of milliseconds, not {text:?}"
-                );
-                return Err(fail(
-                    failure,
-                    StrategyError::Load {
-                        path: path.to_owned(),
-                        reason,
-                    },
-                ));
-            }
-        },
-    };
-    let skips = match custom_section(&bytes, SKIPS_SECTION).map(|text| SkippedCalls::parse(&text)) {
-        None => SkippedCalls::default(),
-        Some(Ok(skips)) => skips,
-        Some(Err(reason)) => {
-            return Err(fail(
-                failure,
-                StrategyError::Load {
-                    path: path.to_owned(),
-                    reason,
-                },
-            ));
-        }
+    let declared = match declarations(&bytes) {
+        Ok(declared) => declared,
+        Err(reason) => return Err(refuse(failure, reason)),
     };
     let shape = match imports::read(&bytes) {
         Ok(shape) => shape,
-        Err(reason) => {
-            return Err(fail(
-                failure,
-                StrategyError::Load {
-                    path: path.to_owned(),
-                    reason,
-                },
-            ));
-        }
+        Err(reason) => return Err(refuse(failure, reason)),
     };
     failure.imports = shape.imports.clone();
     if let Err(reason) = imports::check(&shape) {
-        return Err(fail(
-            failure,
-            StrategyError::Load {
-                path: path.to_owned(),
-                reason,
-            },
-        ));
+        return Err(refuse(failure, reason));
     }
+    let api_version = declared.api_version;
     match compile_and_ask(engine, path, bytes, api_version, shape.imports, sha256).await {
         Ok(mut loaded) => {
-            loaded.declared_deadline = declared_deadline;
-            loaded.skips = skips;
+            loaded.declared_deadline = declared.deadline;
+            loaded.skips = declared.skips;
             Ok(loaded)
         }
         Err((declared, e)) => {
@@ -630,6 +583,41 @@ pub async fn load_bytes(
             Err(fail(failure, e))
         }
     }
+}
+
+/// What a component says about itself in custom sections, read without compiling it.
+struct Declarations {
+    /// The WIT API version the SDK stamped, if any.
+    api_version: Option<String>,
+    /// [`DEADLINE_SECTION`], when present.
+    deadline: Option<std::time::Duration>,
+    /// [`SKIPS_SECTION`]; nothing skipped when absent.
+    skips: SkippedCalls,
+}
+
+/// Reads the component's [`Declarations`]; a malformed one is the file's refusal reason.
+fn declarations(bytes: &[u8]) -> Result<Declarations, String> {
+    let api_version = api_version(bytes)?;
+    let deadline = match custom_section(bytes, DEADLINE_SECTION) {
+        None => None,
+        Some(text) => match text.parse::<u64>() {
+            Ok(ms) if ms > 0 => Some(std::time::Duration::from_millis(ms)),
+            _ => {
+                return Err(format!(
+                    "custom section {DEADLINE_SECTION} must hold a positive number of milliseconds, not {text:?}"
+                ));
+            }
+        },
+    };
+    let skips = custom_section(bytes, SKIPS_SECTION)
+        .map(|text| SkippedCalls::parse(&text))
+        .transpose()?
+        .unwrap_or_default();
+    Ok(Declarations {
+        api_version,
+        deadline,
+        skips,
+    })
 }
 
 /// The expensive half of a load. The error carries the declared name once `info()` answered.
