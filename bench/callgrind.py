@@ -2,7 +2,7 @@
 """Instructions the gateway spends per request, by kind of request and strategy (callgrind).
 
 Run: `python3 bench/callgrind.py [--skip-build] [--binary PATH] [--mock-binary PATH] [--requests N]
-[--repeat N] [--port-base N]` (needs
+[--repeat N] [--port-base N] [--keep-dumps DIR]` (needs
 valgrind; installs it from Debian packages when missing). It starts `switchyard mock-upstream`
 natively and the release gateway under `valgrind --tool=callgrind --instr-atstart=no`, warms each
 phase up with instrumentation off, then counts a fixed number of sequential requests per phase with
@@ -127,6 +127,9 @@ def main():
     env = dict(os.environ, RUST_LOG="warn", ROUTING_AFFINITY_ENABLED="0", SWITCHYARD_DEFAULT_AUTH="disabled",
                SWITCHYARD_BUILTIN_STRATEGIES=str(bench.target_dir() / "strategies"))
     traces = "--traces" in sys.argv
+    # `--keep-dumps DIR`: copy each phase's median window there, for `callgrind_annotate --inclusive=yes`
+    # or a caller tree (the work directory is removed at the end).
+    keep_dumps = Path(arg("--keep-dumps", "")) if "--keep-dumps" in sys.argv else None
     if traces:
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{start_otlp_sink()}"
         # Export once a second, so each counted window holds its share of exports.
@@ -192,6 +195,9 @@ def main():
                 windows.append((total_of(str(dumps[-1])), str(dumps[-1])))
             windows.sort()
             total, dump = windows[len(windows) // 2]
+            if keep_dumps:
+                keep_dumps.mkdir(parents=True, exist_ok=True)
+                shutil.copy(dump, keep_dumps / f"phase{i}.{re.sub(r'[^a-z0-9]+', '-', name.lower()).strip('-')}.out")
             per_window = [t // REQUESTS for t, _ in windows]
             results.append({"phase": name, "instructions_per_request": total // REQUESTS,
                             "windows": per_window,

@@ -120,20 +120,22 @@ fn configure(cmd: &mut Command) {
 
 /// Reads the child's first stdout line (`... listening on http://ADDR`) and returns the port.
 pub fn read_port(child: &mut Child, what: &str) -> u16 {
+    try_read_port(child, what).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`read_port`], saying why there is no port instead of panicking.
+fn try_read_port(child: &mut Child, what: &str) -> Result<u16, String> {
     let stdout = child.stdout.take().expect("stdout is piped");
     let mut line = String::new();
     BufReader::new(stdout)
         .read_line(&mut line)
-        .unwrap_or_else(|e| panic!("{what}: reading its first line: {e}"));
-    let addr = line
-        .trim()
+        .map_err(|e| format!("{what}: reading its first line: {e}"))?;
+    line.trim()
         .rsplit("http://")
         .next()
-        .unwrap_or_else(|| panic!("{what}: unexpected first line {line:?}"));
-    addr.rsplit(':')
-        .next()
+        .and_then(|addr| addr.rsplit(':').next())
         .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("{what} did not announce its address; first line: {line:?}"))
+        .ok_or_else(|| format!("{what} did not announce its address; first line: {line:?}"))
 }
 
 /// A running `switchyard mock-upstream`.
@@ -258,7 +260,18 @@ impl Gateway {
             .stderr(log)
             .spawn()
             .expect("spawn switchyard serve");
-        let port = read_port(&mut child, "switchyard serve");
+        let port = try_read_port(&mut child, "switchyard serve").unwrap_or_else(|e| {
+            // The log is in the test's folder, which goes with the panic: say what it held. Killed
+            // first, so a child that printed something else cannot keep the wait from returning.
+            let _ = child.kill();
+            let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
+            let log = std::fs::read_to_string(dir.path().join("gateway.log")).unwrap_or_default();
+            let from = (log.len().saturating_sub(4000)..log.len())
+                .find(|&i| log.is_char_boundary(i))
+                .unwrap_or(log.len());
+            let tail = &log[from..];
+            panic!("{e}; the process ended ({status}); its log ends:\n{tail}")
+        });
         Gateway { port, child, dir }
     }
 

@@ -1,11 +1,12 @@
 //! Renaming the model in an upstream's JSON text without re-serialising it: the client asked for
 //! the public name and should not learn which deployment answered.
 
-use std::collections::HashMap;
 use std::sync::{Arc, LazyLock};
 
 use bytes::Bytes;
 use parking_lot::RwLock;
+
+use crate::id_map::IdMap;
 
 /// Replaces the first `"model":"<provider id>"` (or `"model": "<provider id>"`) with the public
 /// name. Its needles are what every event of a stream is searched for (a SIMD substring search:
@@ -28,19 +29,22 @@ struct Needles {
 /// are few: this only bounds it).
 const BUILT_LIMIT: usize = 4096;
 
-/// The searchers built so far, by `<length of the provider id>:<provider id><public name>`.
-static BUILT: LazyLock<RwLock<HashMap<String, Arc<Needles>>>> = LazyLock::new(Default::default);
+/// The searchers built so far, by provider id, then public name: both levels are looked up by
+/// `&str`, so finding a pair allocates nothing (a joined key was a `format!` per request). The
+/// names are the operator's (a public name reaches here only once it resolved to a model).
+type Built = IdMap<String, IdMap<String, Arc<Needles>>>;
+static BUILT: LazyLock<RwLock<Built>> = LazyLock::new(Default::default);
 
 impl ModelRename {
     pub fn new(provider_model_id: &str, public_model: &str) -> Self {
         if provider_model_id == public_model {
             return Self(None);
         }
-        let key = format!(
-            "{}:{provider_model_id}{public_model}",
-            provider_model_id.len()
-        );
-        if let Some(built) = BUILT.read().get(&key) {
+        if let Some(built) = BUILT
+            .read()
+            .get(provider_model_id)
+            .and_then(|by_public| by_public.get(public_model))
+        {
             return Self(Some(built.clone()));
         }
         let Some(built) = Needles::build(provider_model_id, public_model) else {
@@ -48,10 +52,13 @@ impl ModelRename {
         };
         let built = Arc::new(built);
         let mut cache = BUILT.write();
-        if cache.len() >= BUILT_LIMIT {
+        if cache.values().map(IdMap::len).sum::<usize>() >= BUILT_LIMIT {
             cache.clear();
         }
-        cache.insert(key, built.clone());
+        cache
+            .entry(provider_model_id.to_owned())
+            .or_default()
+            .insert(public_model.to_owned(), built.clone());
         Self(Some(built))
     }
 
@@ -159,7 +166,7 @@ mod tests {
             panic!("a rename between different names has searchers");
         };
         assert!(Arc::ptr_eq(a, b), "built once, shared");
-        // The key says where the provider id ends: no other pair maps to the same searchers.
+        // Pairs are kept apart by both names, not by a joined key: no other pair shares them.
         let other = ModelRename::new("shared-simshared", "-pub");
         assert!(!Arc::ptr_eq(a, other.0.as_ref().unwrap()));
         let out = ModelRename::new("shared-sim", "shared-pub")
