@@ -42,6 +42,9 @@ impl Default for PrefillConfig {
     }
 }
 
+/// Hints kept before expired ones are swept (at the next `remember`).
+const HINTS_BEFORE_SWEEP: usize = 4096;
+
 #[derive(Debug, Default)]
 struct EndpointLoad {
     backlog_tokens: u64,
@@ -53,8 +56,13 @@ struct EndpointLoad {
 #[derive(Debug, Default)]
 struct State {
     endpoints: IdMap<String, EndpointLoad>,
-    /// (caller, endpoint) → (prompt tokens of the last completed request, when).
-    hints: HashMap<(Arc<str>, String), (u64, Instant)>,
+    /// caller → endpoint → (prompt tokens of the last completed request, when). Two levels, so a
+    /// lookup borrows both names: a `(caller, endpoint)` key had to be built, an `Arc` and a
+    /// `String`, for every lookup (two per request), and SipHash went over both. The callers'
+    /// level keeps the standard hasher: callers are what clients send.
+    hints: HashMap<Arc<str>, IdMap<String, (u64, Instant)>>,
+    /// Hints in `hints`, over all callers.
+    hint_count: usize,
 }
 
 /// Load of one endpoint as the pipeline sees it.
@@ -172,9 +180,11 @@ impl PrefillTracker {
             return prompt_tokens;
         };
         let state = self.state.lock();
-        // A lookup key without allocating an Arc per call would need a borrowed tuple; the map is
-        // small and this is one short string.
-        match state.hints.get(&(Arc::from(caller), endpoint.to_owned())) {
+        match state
+            .hints
+            .get(caller)
+            .and_then(|hints| hints.get(endpoint))
+        {
             Some(&(last, at)) if now.duration_since(at) <= self.config.hint_ttl => {
                 prompt_tokens.saturating_sub(last)
             }
@@ -185,15 +195,21 @@ impl PrefillTracker {
     /// Takes a lease of `uncached` tokens on `endpoint`. Dropping the lease releases it.
     pub fn acquire(&self, caller: Option<Arc<str>>, endpoint: &str, uncached: u64) -> PrefillLease {
         let elephant = uncached >= self.config.elephant_tokens;
-        {
-            let mut state = self.state.lock();
-            let load = state.endpoints.entry(endpoint.to_owned()).or_default();
+        let charge = |load: &mut EndpointLoad| {
             load.backlog_tokens += uncached;
             if elephant {
                 load.elephants += 1;
             }
             if let Some(c) = &caller {
                 *load.by_caller.entry(c.clone()).or_insert(0) += uncached;
+            }
+        };
+        {
+            let endpoints = &mut self.state.lock().endpoints;
+            match endpoints.get_mut(endpoint) {
+                Some(load) => charge(load),
+                // The endpoint's name is copied only the first time it is seen.
+                None => charge(endpoints.entry(endpoint.to_owned()).or_default()),
             }
         }
         PrefillLease {
@@ -211,16 +227,41 @@ impl PrefillTracker {
     pub fn remember(&self, caller: Option<&str>, endpoint: &str, prompt_tokens: u64, now: Instant) {
         let Some(caller) = caller else { return };
         let mut state = self.state.lock();
-        if state.hints.len() > 4096 {
+        let State {
+            hints, hint_count, ..
+        } = &mut *state;
+        if *hint_count > HINTS_BEFORE_SWEEP {
             let ttl = self.config.hint_ttl;
-            state
-                .hints
-                .retain(|_, (_, at)| now.duration_since(*at) <= ttl);
+            hints.retain(|_, by_endpoint| {
+                by_endpoint.retain(|_, (_, at)| now.duration_since(*at) <= ttl);
+                !by_endpoint.is_empty()
+            });
+            *hint_count = hints.values().map(IdMap::len).sum();
         }
-        state.hints.insert(
-            (Arc::from(caller), endpoint.to_owned()),
-            (prompt_tokens, now),
-        );
+        let hint = (prompt_tokens, now);
+        // Names are copied only for a pair not seen before.
+        let added = match hints.get_mut(caller) {
+            Some(by_endpoint) => match by_endpoint.get_mut(endpoint) {
+                Some(known) => {
+                    *known = hint;
+                    false
+                }
+                None => {
+                    by_endpoint.insert(endpoint.to_owned(), hint);
+                    true
+                }
+            },
+            None => {
+                hints.insert(
+                    Arc::from(caller),
+                    IdMap::from_iter([(endpoint.to_owned(), hint)]),
+                );
+                true
+            }
+        };
+        if added {
+            *hint_count += 1;
+        }
     }
 }
 
@@ -316,5 +357,25 @@ mod tests {
         assert_eq!(t.load("e").backlog_tokens, 250_000, "release is idempotent");
         drop(big);
         assert_eq!(t.load("e"), Load::default());
+    }
+
+    #[test]
+    fn hints_are_bounded_by_sweeping_expired_ones() {
+        let t = tracker();
+        let then = Instant::now();
+        for i in 0..=HINTS_BEFORE_SWEEP {
+            t.remember(Some(&format!("c{}", i % 97)), &format!("e{i}"), 10, then);
+        }
+        // A pair seen again is updated, not added.
+        t.remember(Some("c0"), "e0", 20, then);
+        assert_eq!(t.state.lock().hint_count, HINTS_BEFORE_SWEEP + 1);
+        let later = then + Duration::from_secs(1201);
+        t.remember(Some("fresh"), "e", 100, later);
+        let state = t.state.lock();
+        assert_eq!(state.hint_count, 1, "the expired ones went");
+        assert_eq!(state.hints.len(), 1, "callers left without hints went too");
+        drop(state);
+        assert_eq!(t.uncached_estimate(Some("fresh"), "e", 150, later), 50);
+        assert_eq!(t.uncached_estimate(Some("c0"), "e0", 150, later), 150);
     }
 }
