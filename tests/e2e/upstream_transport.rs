@@ -31,6 +31,29 @@ async fn attempts_go_through_the_proxy_the_environment_names() {
     let stats = proxy.stats().await;
     assert_eq!(stats["chat_requests"], 1, "{stats}");
     assert_eq!(stats["last_authorization"], "Bearer key-through-proxy");
+    assert_eq!(
+        stats["last_host"],
+        serde_json::json!(["upstream.invalid"]),
+        "the upstream's host, once, not the proxy's"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_direct_attempt_names_the_upstreams_host_and_port_once() {
+    let upstream = Mock::start(&[]);
+    let gw = Gateway::start(&model(
+        &format!("http://127.0.0.1:{}/v1", upstream.port),
+        None,
+    ));
+    for _ in 0..2 {
+        // The second goes over the pooled connection.
+        let (status, body) = gw.chat(chat_body("demo", false)).await;
+        assert_eq!(status, 200, "{body}\n{}", gw.log());
+        assert_eq!(
+            upstream.stats().await["last_host"],
+            serde_json::json!([format!("127.0.0.1:{}", upstream.port)])
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -112,6 +112,8 @@ pub struct Stats {
     /// Which header `last_authorization` came from: `authorization` or `x-api-key`.
     pub last_auth_header: Option<String>,
     pub last_anthropic_version: Option<String>,
+    /// Every `Host` header of the last request (more than one is a client's bug).
+    pub last_host: Vec<String>,
     /// The `x-request-id` header of the last request.
     pub last_request_id: Option<String>,
     /// Every `x-request-id` received, oldest first (the last 100).
@@ -294,6 +296,11 @@ fn admit(
     stats.last_authorization = auth;
     stats.last_auth_header = auth_header.map(str::to_owned);
     stats.last_anthropic_version = header("anthropic-version");
+    stats.last_host = headers
+        .get_all(axum::http::header::HOST)
+        .iter()
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .collect();
     stats.last_request_id = header("x-request-id");
     if let Some(id) = stats.last_request_id.clone() {
         if stats.request_ids.len() >= 100 {
