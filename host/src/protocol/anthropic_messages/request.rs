@@ -168,7 +168,7 @@ fn system(body: &Obj) -> Result<Option<Message>, ProtocolError> {
 /// Appends the IR messages of one Anthropic message: a user message's `tool_result` blocks become
 /// a `Tool` message ahead of the rest.
 fn message(i: usize, v: &Value, out: &mut Vec<Message>) -> Result<(), ProtocolError> {
-    let path = format!("messages[{i}]");
+    let (path, content_path) = json::message_paths(i);
     let m = Obj::at(v, &path)?;
     let role = match m.req_str("role")? {
         "user" => Role::User,
@@ -180,7 +180,6 @@ fn message(i: usize, v: &Value, out: &mut Vec<Message>) -> Result<(), ProtocolEr
             ));
         }
     };
-    let content_path = m.path("content");
     let blocks: Vec<Part> = match m.get("content") {
         Some(Value::String(s)) => vec![Part::text(s.as_str())],
         Some(Value::Array(blocks)) => blocks

@@ -96,11 +96,10 @@ pub fn parse_request_within(bytes: &[u8], limits: Limits) -> Result<Request, Pro
 }
 
 fn message(i: usize, v: &Value) -> Result<Message, ProtocolError> {
-    let path = format!("messages[{i}]");
+    let (path, content_path) = json::message_paths(i);
     let m = Obj::at(v, &path)?;
     let role = m.req_str("role")?;
     let name = m.str("name")?.map(str::to_owned);
-    let content_path = m.path("content");
     let (role, content) = match role {
         "system" | "developer" | "user" => {
             let role = match role {
