@@ -883,6 +883,74 @@ async fn the_gateway_survives_a_postgres_restart() {
     );
 }
 
+/// The request log's writer keeps its connection between flushes; after a PostgreSQL restart that
+/// connection is dead, and the first batch after it is written on a fresh one rather than lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_request_logged_after_a_postgres_restart_is_kept() {
+    let _exclusive = crate::harness::POSTGRES_IN_USE.write().await;
+    let schema = PgSchema::create_unguarded().await;
+    let mock = Mock::start(&[]);
+    let gateway = Gateway::start_on(
+        Some(&schema.url),
+        &format!("server:\n  admin_token: {TOKEN}\n"),
+        &[("SWITCHYARD_DEFAULT_AUTH", "disabled")],
+    );
+    let admin = Admin::of(&gateway);
+    let provider = admin.provider("p", "openai_compat").await;
+    admin.upstream(&provider, &mock, json!({}), &["m"]).await;
+    served(&gateway, "/v1/chat/completions", Auth::None, "m").await;
+    let logged = |n: usize| {
+        let gateway = &gateway;
+        move || async move {
+            let page: Value = reqwest::Client::new()
+                .get(gateway.url("/admin/logs?model=m"))
+                .bearer_auth(TOKEN)
+                .send()
+                .await
+                .ok()?
+                .json()
+                .await
+                .ok()?;
+            Some(page["rows"].as_array()?.len() >= n)
+        }
+    };
+    eventually(Duration::from_secs(20), "the first row written", || {
+        let check = logged(1);
+        async move { check().await == Some(true) }
+    })
+    .await;
+
+    // No traffic during the restart: the writer's connection is not used until it is dead.
+    tokio::task::spawn_blocking(crate::harness::restart_postgres)
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(20), "the admin API works again", || {
+        let check = logged(1);
+        async move { check().await.is_some() }
+    })
+    .await;
+    let (status, body) = chat(&gateway, "/v1/chat/completions", Auth::None, "m").await;
+    assert_eq!(status, 200, "{body}");
+    eventually(Duration::from_secs(20), "the row after the restart", || {
+        let check = logged(2);
+        async move { check().await == Some(true) }
+    })
+    .await;
+    let deep: Value = reqwest::Client::new()
+        .get(gateway.url("/health/deep"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        deep["database"]["request_log"]["failed_rows"], 0,
+        "{deep:#}"
+    );
+}
+
 /// Routes declared in the YAML behave like database routes, and an open route on a non-loopback
 /// address is warned about at startup.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -285,7 +285,8 @@ impl Store {
                 // Deletes cascade to children; relied on only as a backstop.
                 .foreign_keys(true);
             let pool = SqlitePoolOptions::new()
-                .max_connections(4)
+                // Four for everything, and one the request log's writer keeps.
+                .max_connections(5)
                 // A connection refused by `refuse_read_only` is retried until this deadline; as
                 // long as the busy timeout, not sqlx's 30 s.
                 .acquire_timeout(Duration::from_secs(5))
@@ -301,7 +302,8 @@ impl Store {
             Pool::Sqlite(pool)
         } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
             let pool = PgPoolOptions::new()
-                .max_connections(8)
+                // Eight for everything, and one the request log's writer keeps.
+                .max_connections(9)
                 .acquire_timeout(Duration::from_secs(5))
                 .after_release(|conn, _| release_clean::<sqlx::Postgres>(conn))
                 .connect(url)
