@@ -24,7 +24,8 @@ Phases: non-streaming requests with `fixed`, `round_robin`, `routewise`; OpenAI 
 events) with `fixed`; Anthropic client to OpenAI upstream streams with `fixed`; Anthropic client
 to Anthropic upstream streams. `--phases stream,Anthropic` keeps the phases whose names contain
 one of the words. Prints a table of
-instructions per request and the top functions by self cost of each phase (from `callgrind_annotate`),
+instructions per request (also split into the request path and the request log's SQLite thread, each
+the median of its own windows) and the top functions by self cost of each phase (from `callgrind_annotate`),
 and writes bench/results/callgrind.json.
 """
 
@@ -85,6 +86,27 @@ def total_of(path):
         if line.startswith("totals:"):
             return int(line.split()[1])
     raise RuntimeError(f"no totals in {path}")
+
+
+# The request log's SQLite connection thread (sqlx runs each connection on a thread of its own): its
+# work depends on the batch sizes, B-tree page splits and WAL checkpoints that fall in a window
+# (12,000 to 45,000 instructions per request between windows of one binary), so it is reported
+# apart from the request path, and each is the median of its own windows.
+DB_THREAD = re.compile(r"sqlx-sqlite-[\d.]+/src/connection/worker\.rs:std::sys::backtrace::__rust_begin_short_backtrace")
+
+
+def database_thread_of(path):
+    """Instructions of `path`'s window on the request log's SQLite thread (inclusive of its root)."""
+    out = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100", "--auto=no", path],
+                         capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        if DB_THREAD.search(line):
+            return int(line.split()[0].replace(",", ""))
+    return 0
+
+
+def median(values):
+    return sorted(values)[len(values) // 2]
 
 
 def top_functions(path, n=25):
@@ -192,17 +214,25 @@ def main():
                 callgrind_control("-d", f"phase{i}-{w}", str(gw.pid))
                 time.sleep(1)
                 dumps = sorted(work.glob(f"cg.out.{gw.pid}.*"), key=os.path.getmtime)
-                windows.append((total_of(str(dumps[-1])), str(dumps[-1])))
+                windows.append((total_of(str(dumps[-1])), database_thread_of(str(dumps[-1])), str(dumps[-1])))
             windows.sort()
-            total, dump = windows[len(windows) // 2]
+            total, _, dump = windows[len(windows) // 2]
+            request_path = [(t - db) // REQUESTS for t, db, _ in windows]
+            database = [db // REQUESTS for _, db, _ in windows]
             if keep_dumps:
                 keep_dumps.mkdir(parents=True, exist_ok=True)
                 shutil.copy(dump, keep_dumps / f"phase{i}.{re.sub(r'[^a-z0-9]+', '-', name.lower()).strip('-')}.out")
-            per_window = [t // REQUESTS for t, _ in windows]
+            per_window = [t // REQUESTS for t, _, _ in windows]
             results.append({"phase": name, "instructions_per_request": total // REQUESTS,
                             "windows": per_window,
+                            "request_path_per_request": median(request_path),
+                            "request_path_windows": request_path,
+                            "database_thread_per_request": median(database),
+                            "database_thread_windows": database,
                             "top": [(c // REQUESTS, f) for c, f in top_functions(dump)]})
-            print(f"{name}: {total // REQUESTS:,} instructions per request (median of {per_window})", flush=True)
+            print(f"{name}: {total // REQUESTS:,} instructions per request (median of {per_window}); "
+                  f"request path {median(request_path):,} (of {request_path}), request log's SQLite thread "
+                  f"{median(database):,} (of {database})", flush=True)
         out = ROOT / "bench" / "results"
         out.mkdir(parents=True, exist_ok=True)
         (out / "callgrind.json").write_text(json.dumps({"requests_per_phase": REQUESTS, "repeat": REPEAT,
@@ -212,7 +242,8 @@ def main():
                                                         "phases": results}, indent=2))
         print()
         for r in results:
-            print(f"## {r['phase']}: {r['instructions_per_request']:,} per request (windows {r['windows']})")
+            print(f"## {r['phase']}: {r['instructions_per_request']:,} per request (windows {r['windows']}; "
+                  f"request path {r['request_path_per_request']:,}, SQLite thread {r['database_thread_per_request']:,})")
             for cost, fn in r["top"]:
                 print(f"{cost:>9,}  {fn[:150]}")
             print()
