@@ -6,7 +6,9 @@ Run: `python3 bench/callgrind.py [--skip-build] [--binary PATH] [--mock-binary P
 valgrind; installs it from Debian packages when missing). It starts `switchyard mock-upstream`
 natively and the release gateway under `valgrind --tool=callgrind --instr-atstart=no`, warms each
 phase up with instrumentation off, then counts a fixed number of sequential requests per phase with
-`callgrind_control -i on/off`, `--repeat` times (default 3), dumping each window separately. Counts
+`callgrind_control -i on/off` (a window closes a flush interval after its last request, so it holds
+its own request-log rows, and what that idle wait costs alone is taken off), `--repeat` times
+(default 3), dumping each window separately. Counts
 are the gateway's user-space instructions only; they do not depend on the machine's load, so two
 binaries compare exactly. `SWITCHYARD_METRICS=off` in the environment counts without metrics.
 `--fleet` makes the gateway a one-replica fleet on the machine's Redis (its rate-limit counters
@@ -200,21 +202,43 @@ def main():
         wanted = [w.strip() for w in arg("--phases", "").split(",") if w.strip()]
         if wanted:
             phases = [p for p in phases if any(w in p[0] for w in wanted)]
+        # What a window's closing wait costs with no requests (timers, the log writer waking up):
+        # the median of three idle windows, taken off every window's total.
+        drive(WARMUP, *phases[0][1:])
+        idle_windows = []
+        for w in range(3):
+            time.sleep(SETTLE_S)
+            callgrind_control("--zero", str(gw.pid))
+            callgrind_control("-i", "on", str(gw.pid))
+            time.sleep(SETTLE_S)
+            callgrind_control("-i", "off", str(gw.pid))
+            callgrind_control("-d", f"idle-{w}", str(gw.pid))
+            time.sleep(1)
+            dumps = sorted(work.glob(f"cg.out.{gw.pid}.*"), key=os.path.getmtime)
+            idle_windows.append(total_of(str(dumps[-1])))
+        idle = median(idle_windows)
+        print(f"an idle {SETTLE_S} s wait: {idle:,} instructions (median of {idle_windows}), taken off each "
+              "window", flush=True)
         results = []
         for i, (name, path, payload, headers) in enumerate(phases):
             drive(WARMUP, path, payload, headers)
             windows = []
             for w in range(REPEAT):
-                # The rows of the requests before this window are written outside it.
+                # The rows of the requests before this window are written outside it, and this
+                # window's own rows inside it: the window ends a flush interval after its last
+                # request (how many rows spilled past its end varied, and with it the count).
+                # What the idle wait costs by itself is measured once and taken off.
                 time.sleep(SETTLE_S)
                 callgrind_control("--zero", str(gw.pid))
                 callgrind_control("-i", "on", str(gw.pid))
                 drive(REQUESTS, path, payload, headers)
+                time.sleep(SETTLE_S)
                 callgrind_control("-i", "off", str(gw.pid))
                 callgrind_control("-d", f"phase{i}-{w}", str(gw.pid))
                 time.sleep(1)
                 dumps = sorted(work.glob(f"cg.out.{gw.pid}.*"), key=os.path.getmtime)
-                windows.append((total_of(str(dumps[-1])), database_thread_of(str(dumps[-1])), str(dumps[-1])))
+                windows.append((total_of(str(dumps[-1])) - idle, database_thread_of(str(dumps[-1])),
+                                str(dumps[-1])))
             windows.sort()
             total, _, dump = windows[len(windows) // 2]
             request_path = [(t - db) // REQUESTS for t, db, _ in windows]
@@ -236,6 +260,7 @@ def main():
         out = ROOT / "bench" / "results"
         out.mkdir(parents=True, exist_ok=True)
         (out / "callgrind.json").write_text(json.dumps({"requests_per_phase": REQUESTS, "repeat": REPEAT,
+                                                        "idle_wait_instructions": idle,
                                                         "metrics": os.environ.get("SWITCHYARD_METRICS", "on"),
                                                         "traces": "on" if traces else "off",
                                                         "fleet": fleet,
