@@ -820,15 +820,7 @@ async fn changes_reach_a_second_gateway_process_within_two_seconds(db: Db) {
 /// from the last good configuration, and changes flow again once the server is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gateway_survives_a_postgres_restart() {
-    // Exclusive: no other test may be using the server while it restarts.
-    let _exclusive = crate::harness::POSTGRES_IN_USE.write().await;
-    let schema = PgSchema::create_unguarded().await;
-    let mock = Mock::start(&[]);
-    let gateway = Gateway::start_on(
-        Some(&schema.url),
-        &format!("server:\n  admin_token: {TOKEN}\n"),
-        &[("SWITCHYARD_DEFAULT_AUTH", "disabled")],
-    );
+    let (_exclusive, _schema, mock, gateway) = restartable_postgres_gateway().await;
     let admin = Admin::of(&gateway);
     let provider = admin.provider("p", "openai_compat").await;
     admin
@@ -883,11 +875,15 @@ async fn the_gateway_survives_a_postgres_restart() {
     );
 }
 
-/// The request log's writer keeps its connection between flushes; after a PostgreSQL restart that
-/// connection is dead, and the first batch after it is written on a fresh one rather than lost.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_first_request_logged_after_a_postgres_restart_is_kept() {
-    let _exclusive = crate::harness::POSTGRES_IN_USE.write().await;
+/// A gateway on a schema of its own, for a test that restarts PostgreSQL: the guard keeps every
+/// other test off the server until it is dropped.
+async fn restartable_postgres_gateway() -> (
+    tokio::sync::RwLockWriteGuard<'static, ()>,
+    PgSchema,
+    Mock,
+    Gateway,
+) {
+    let exclusive = crate::harness::POSTGRES_IN_USE.write().await;
     let schema = PgSchema::create_unguarded().await;
     let mock = Mock::start(&[]);
     let gateway = Gateway::start_on(
@@ -895,6 +891,14 @@ async fn the_first_request_logged_after_a_postgres_restart_is_kept() {
         &format!("server:\n  admin_token: {TOKEN}\n"),
         &[("SWITCHYARD_DEFAULT_AUTH", "disabled")],
     );
+    (exclusive, schema, mock, gateway)
+}
+
+/// The request log's writer keeps its connection between flushes; after a PostgreSQL restart that
+/// connection is dead, and the first batch after it is written on a fresh one rather than lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_request_logged_after_a_postgres_restart_is_kept() {
+    let (_exclusive, _schema, mock, gateway) = restartable_postgres_gateway().await;
     let admin = Admin::of(&gateway);
     let provider = admin.provider("p", "openai_compat").await;
     admin.upstream(&provider, &mock, json!({}), &["m"]).await;
@@ -936,15 +940,7 @@ async fn the_first_request_logged_after_a_postgres_restart_is_kept() {
         async move { check().await == Some(true) }
     })
     .await;
-    let deep: Value = reqwest::Client::new()
-        .get(gateway.url("/health/deep"))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let deep = gateway.deep(TOKEN).await;
     assert_eq!(
         deep["database"]["request_log"]["failed_rows"], 0,
         "{deep:#}"
