@@ -111,6 +111,19 @@ def median(values):
     return sorted(values)[len(values) // 2]
 
 
+def count_window(gw, work, label, during):
+    """Counts `during()` and the flush interval after it (instrumentation on from before it to
+    SETTLE_S after it) as one dump labelled `label`; returns the dump's path."""
+    callgrind_control("--zero", str(gw.pid))
+    callgrind_control("-i", "on", str(gw.pid))
+    during()
+    time.sleep(SETTLE_S)
+    callgrind_control("-i", "off", str(gw.pid))
+    callgrind_control("-d", label, str(gw.pid))
+    time.sleep(1)
+    return str(sorted(work.glob(f"cg.out.{gw.pid}.*"), key=os.path.getmtime)[-1])
+
+
 def top_functions(path, n=25):
     out = subprocess.run(["callgrind_annotate", "--inclusive=no", "--threshold=99", "--auto=no", path],
                          capture_output=True, text=True).stdout
@@ -208,14 +221,7 @@ def main():
         idle_windows = []
         for w in range(3):
             time.sleep(SETTLE_S)
-            callgrind_control("--zero", str(gw.pid))
-            callgrind_control("-i", "on", str(gw.pid))
-            time.sleep(SETTLE_S)
-            callgrind_control("-i", "off", str(gw.pid))
-            callgrind_control("-d", f"idle-{w}", str(gw.pid))
-            time.sleep(1)
-            dumps = sorted(work.glob(f"cg.out.{gw.pid}.*"), key=os.path.getmtime)
-            idle_windows.append(total_of(str(dumps[-1])))
+            idle_windows.append(total_of(count_window(gw, work, f"idle-{w}", lambda: None)))
         idle = median(idle_windows)
         print(f"an idle {SETTLE_S} s wait: {idle:,} instructions (median of {idle_windows}), taken off each "
               "window", flush=True)
@@ -229,16 +235,9 @@ def main():
                 # request (how many rows spilled past its end varied, and with it the count).
                 # What the idle wait costs by itself is measured once and taken off.
                 time.sleep(SETTLE_S)
-                callgrind_control("--zero", str(gw.pid))
-                callgrind_control("-i", "on", str(gw.pid))
-                drive(REQUESTS, path, payload, headers)
-                time.sleep(SETTLE_S)
-                callgrind_control("-i", "off", str(gw.pid))
-                callgrind_control("-d", f"phase{i}-{w}", str(gw.pid))
-                time.sleep(1)
-                dumps = sorted(work.glob(f"cg.out.{gw.pid}.*"), key=os.path.getmtime)
-                windows.append((total_of(str(dumps[-1])) - idle, database_thread_of(str(dumps[-1])),
-                                str(dumps[-1])))
+                dump = count_window(gw, work, f"phase{i}-{w}",
+                                    lambda: drive(REQUESTS, path, payload, headers))
+                windows.append((total_of(dump) - idle, database_thread_of(dump), dump))
             windows.sort()
             total, _, dump = windows[len(windows) // 2]
             request_path = [(t - db) // REQUESTS for t, db, _ in windows]

@@ -20,7 +20,7 @@ const CACHED: u32 = 1000;
 const WRITTEN: u32 = 100;
 const COMPLETION: u32 = 16;
 
-async fn logs(gw: &Gateway, query: &str) -> (u16, Value) {
+pub(crate) async fn logs(gw: &Gateway, query: &str) -> (u16, Value) {
     let response = reqwest::Client::new()
         .get(gw.url(&format!("/admin/logs{query}")))
         .bearer_auth(TOKEN)

@@ -445,20 +445,17 @@ const MESSAGE_PATHS_KEPT: usize = 128;
 /// kept only for errors. Formatted once for the first [`MESSAGE_PATHS_KEPT`] messages: formatting
 /// them for every message of every request cost ~600 instructions each (callgrind).
 pub fn message_paths(i: usize) -> (Cow<'static, str>, Cow<'static, str>) {
-    static KEPT: LazyLock<Vec<(String, String)>> = LazyLock::new(|| {
-        (0..MESSAGE_PATHS_KEPT)
-            .map(|i| {
-                let path = format!("messages[{i}]");
-                let content = join(&path, "content");
-                (path, content)
-            })
-            .collect()
-    });
+    fn format_paths(i: usize) -> (String, String) {
+        let path = format!("messages[{i}]");
+        let content = join(&path, "content");
+        (path, content)
+    }
+    static KEPT: LazyLock<Vec<(String, String)>> =
+        LazyLock::new(|| (0..MESSAGE_PATHS_KEPT).map(format_paths).collect());
     match KEPT.get(i) {
         Some((path, content)) => (Cow::Borrowed(path), Cow::Borrowed(content)),
         None => {
-            let path = format!("messages[{i}]");
-            let content = join(&path, "content");
+            let (path, content) = format_paths(i);
             (Cow::Owned(path), Cow::Owned(content))
         }
     }
