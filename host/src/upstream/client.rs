@@ -25,6 +25,7 @@ use crate::config::{StreamDeadlines, UpstreamClientConfig};
 use crate::id_map::IdMap;
 
 use super::AttemptError;
+use super::pool::{Http1Pools, PooledBody};
 
 /// Bytes of an upstream error body kept for the attempt record.
 const ERROR_BODY_LIMIT: usize = 2048;
@@ -45,18 +46,22 @@ const ANTHROPIC_VERSION: &str = "2023-06-01";
 const URL_CACHE_LIMIT: usize = 1024;
 
 /// How long an idle pooled connection is kept.
-const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+const POOL_IDLE_TIMEOUT: Duration = super::pool::IDLE_TIMEOUT;
 
 /// The environment variables reqwest reads its proxies from (either case).
 const PROXY_VARIABLES: [&str; 3] = ["HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY"];
 
 type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
 
-/// One thread's way out: hyper's pooled client, or reqwest when the environment names a proxy.
+/// One thread's way out: its own pools for plain-`http` upstreams and hyper-util's pooled client
+/// for TLS ones, or reqwest when the environment names a proxy.
 #[derive(Clone)]
 enum Transport {
-    /// Boxed: the pooled client is large and lives once per thread.
-    Direct(Box<PooledClient<Connector, Full<Bytes>>>),
+    Direct {
+        plain: Arc<Http1Pools>,
+        /// Boxed: the pooled client is large and lives once per thread.
+        tls: Box<PooledClient<Connector, Full<Bytes>>>,
+    },
     Proxied(reqwest::Client),
 }
 
@@ -65,6 +70,8 @@ pub type UpstreamResponse = http::Response<UpstreamBody>;
 
 /// The body of an upstream's answer, whichever transport carried it.
 pub enum UpstreamBody {
+    /// From a plain-`http` upstream: the connection goes back to its pool at the end.
+    Pooled(PooledBody),
     Direct(Incoming),
     Proxied(reqwest::Body),
 }
@@ -81,6 +88,7 @@ impl Body for UpstreamBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         match self.get_mut() {
+            UpstreamBody::Pooled(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
             UpstreamBody::Direct(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
             UpstreamBody::Proxied(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
         }
@@ -88,6 +96,7 @@ impl Body for UpstreamBody {
 
     fn is_end_stream(&self) -> bool {
         match self {
+            UpstreamBody::Pooled(body) => body.is_end_stream(),
             UpstreamBody::Direct(body) => body.is_end_stream(),
             UpstreamBody::Proxied(body) => body.is_end_stream(),
         }
@@ -95,6 +104,7 @@ impl Body for UpstreamBody {
 
     fn size_hint(&self) -> SizeHint {
         match self {
+            UpstreamBody::Pooled(body) => body.size_hint(),
             UpstreamBody::Direct(body) => body.size_hint(),
             UpstreamBody::Proxied(body) => body.size_hint(),
         }
@@ -126,19 +136,26 @@ pub struct UpstreamClient {
     pub(super) max_event_bytes: usize,
     /// Upstream URLs already parsed: a route's URL is the same string on every call, and parsing
     /// it showed in profiles under load.
-    urls: Arc<RwLock<IdMap<String, Target>>>,
+    urls: Arc<RwLock<IdMap<String, Arc<Target>>>>,
 }
 
 /// An upstream URL as sent: the URI without its user information, which becomes Basic auth.
-#[derive(Clone)]
 struct Target {
     uri: Uri,
     basic_auth: Option<HeaderValue>,
-    /// The `Host` header of a plain `http` URL (HTTP/1.1 only here), as hyper's pooled client
-    /// would write it: built once, where the client formatted `host:port` again for every call
-    /// (~800 instructions a request). TLS URLs are left to the client: they may speak HTTP/2,
-    /// which names the host in `:authority`, and on the default port it formats nothing.
-    host: Option<HeaderValue>,
+    /// What a plain `http` URL is sent with; TLS URLs are left to hyper-util's client (they may
+    /// speak HTTP/2, which names the host in `:authority`).
+    plain: Option<PlainTarget>,
+}
+
+/// A plain `http` URL, sent over HTTP/1.1 from this thread's [`Http1Pools`], parts built once.
+struct PlainTarget {
+    /// The `Host` header (`host`, or `host:port` off port 80).
+    host: HeaderValue,
+    /// The pool's key: `host:port`.
+    origin: Arc<str>,
+    /// The request line's origin form (`/path?query`).
+    path: Uri,
 }
 
 impl UpstreamClient {
@@ -167,11 +184,11 @@ impl UpstreamClient {
     }
 
     /// `url` parsed, from the cache when it was seen before.
-    fn parsed(&self, url: &str) -> Result<Target, AttemptError> {
+    fn parsed(&self, url: &str) -> Result<Arc<Target>, AttemptError> {
         if let Some(parsed) = self.urls.read().get(url) {
             return Ok(parsed.clone());
         }
-        let parsed = target(url).ok_or_else(|| {
+        let parsed = target(url).map(Arc::new).ok_or_else(|| {
             AttemptError::Transport(format!(
                 "invalid upstream URL `{}`",
                 super::redact::url(url)
@@ -195,11 +212,16 @@ impl UpstreamClient {
         trace: Option<&crate::telemetry::trace::TraceHeaders>,
     ) -> Result<UpstreamResponse, AttemptError> {
         let target = self.parsed(url)?;
-        let mut request = Request::post(target.uri)
-            .header(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        if let Some(host) = target.host {
-            request = request.header(HOST, host);
+        let transport = self.http();
+        let plain = match transport {
+            Transport::Direct { plain, .. } => target.plain.as_ref().map(|p| (plain, p)),
+            Transport::Proxied(_) => None,
+        };
+        let mut request = match plain {
+            Some((_, p)) => Request::post(p.path.clone()).header(HOST, p.host.clone()),
+            None => Request::post(target.uri.clone()),
         }
+        .header(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         // The upstream's logs can then be joined with ours.
         if let Some(value) =
             crate::telemetry::request_id::current().and_then(|id| id.header_value())
@@ -221,15 +243,29 @@ impl UpstreamClient {
             }
             UpstreamAuth::Bearer(None) => {}
         }
-        if let Some(basic) = target.basic_auth
+        if let Some(basic) = &target.basic_auth
             && !matches!(auth, UpstreamAuth::Bearer(Some(_)))
         {
-            request = request.header(AUTHORIZATION, basic);
+            request = request.header(AUTHORIZATION, basic.clone());
         }
         let request = request
             .body(Bytes::from(body))
             .map_err(|e| AttemptError::Transport(describe(&e)))?;
-        let response = tokio::time::timeout(self.first_byte_timeout, self.send(request))
+        let sent = async {
+            match plain {
+                Some((pools, p)) => pools
+                    .send(
+                        &p.origin,
+                        &target.uri,
+                        self.connect_timeout,
+                        request.map(Full::new),
+                    )
+                    .await
+                    .map(|r| r.map(UpstreamBody::Pooled)),
+                None => self.send(transport, request).await,
+            }
+        };
+        let response = tokio::time::timeout(self.first_byte_timeout, sent)
             .await
             .map_err(|_| AttemptError::Timeout(self.first_byte_timeout))??;
         let status = response.status();
@@ -257,9 +293,13 @@ impl UpstreamClient {
         })
     }
 
-    async fn send(&self, request: Request<Bytes>) -> Result<UpstreamResponse, AttemptError> {
-        match self.http() {
-            Transport::Direct(client) => client
+    async fn send(
+        &self,
+        transport: &Transport,
+        request: Request<Bytes>,
+    ) -> Result<UpstreamResponse, AttemptError> {
+        match transport {
+            Transport::Direct { tls: client, .. } => client
                 .request(request.map(Full::new))
                 .await
                 .map(|r| r.map(UpstreamBody::Direct))
@@ -313,19 +353,27 @@ fn target(url: &str) -> Option<Target> {
         Some(value)
     };
     let uri = Uri::try_from(parsed.as_str()).ok()?;
-    let host = (uri.scheme_str() == Some("http"))
+    let plain = (uri.scheme_str() == Some("http"))
         .then(|| {
             let host = uri.host()?;
-            match uri.port_u16().filter(|&port| port != 80) {
-                Some(port) => HeaderValue::from_str(&format!("{host}:{port}")).ok(),
-                None => HeaderValue::from_str(host).ok(),
-            }
+            let port = uri.port_u16().unwrap_or(80);
+            let host_header = if port == 80 {
+                HeaderValue::from_str(host).ok()?
+            } else {
+                HeaderValue::from_str(&format!("{host}:{port}")).ok()?
+            };
+            let path = uri.path_and_query().map_or("/", |p| p.as_str());
+            Some(PlainTarget {
+                host: host_header,
+                origin: Arc::from(format!("{host}:{port}")),
+                path: Uri::try_from(path).ok()?,
+            })
         })
         .flatten();
     Some(Target {
         uri,
         basic_auth,
-        host,
+        plain,
     })
 }
 
@@ -363,6 +411,7 @@ fn build_transport(connect_timeout: Duration) -> Result<Transport, ClientBuildEr
     let mut http = HttpConnector::new();
     http.set_connect_timeout(Some(connect_timeout));
     http.set_nodelay(true);
+    let plain = Http1Pools::new(http.clone());
     // `https` URLs are the TLS layer's to accept.
     http.enforce_http(false);
     let tls = hyper_rustls::HttpsConnectorBuilder::new()
@@ -371,12 +420,15 @@ fn build_transport(connect_timeout: Duration) -> Result<Transport, ClientBuildEr
         .enable_http1()
         .enable_http2()
         .wrap_connector(http);
-    Ok(Transport::Direct(Box::new(
-        PooledClient::builder(TokioExecutor::new())
-            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-            .pool_timer(TokioTimer::new())
-            .build(tls),
-    )))
+    Ok(Transport::Direct {
+        plain,
+        tls: Box::new(
+            PooledClient::builder(TokioExecutor::new())
+                .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+                .pool_timer(TokioTimer::new())
+                .build(tls),
+        ),
+    })
 }
 
 /// The body chunk by chunk, stopping at `limit` bytes: past it, the first `limit` bytes when
@@ -495,8 +547,8 @@ mod tests {
         let host = |url: &str| {
             target(url)
                 .unwrap()
-                .host
-                .map(|h| h.to_str().unwrap().to_owned())
+                .plain
+                .map(|p| p.host.to_str().unwrap().to_owned())
         };
         assert_eq!(
             host("http://127.0.0.1:9000/v1").as_deref(),
@@ -520,6 +572,26 @@ mod tests {
             None,
             "TLS may be HTTP/2"
         );
+    }
+
+    #[test]
+    fn plain_http_targets_are_pooled_by_host_and_port_and_sent_in_origin_form() {
+        let plain = |url: &str| {
+            let p = target(url).unwrap().plain.unwrap();
+            (p.origin.to_string(), p.path.to_string())
+        };
+        assert_eq!(
+            plain("http://10.0.0.7:8000/v1/chat/completions"),
+            ("10.0.0.7:8000".into(), "/v1/chat/completions".into())
+        );
+        // Port 80 written or not is one origin.
+        assert_eq!(
+            plain("http://vllm.internal/v1/x?api-version=2"),
+            ("vllm.internal:80".into(), "/v1/x?api-version=2".into())
+        );
+        assert_eq!(plain("http://vllm.internal:80").0, "vllm.internal:80");
+        assert_eq!(plain("http://vllm.internal").1, "/");
+        assert_eq!(plain("http://[::1]:8000/v1").0, "[::1]:8000");
     }
 
     #[test]

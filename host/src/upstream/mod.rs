@@ -10,6 +10,7 @@
 mod attempt;
 mod client;
 mod error;
+mod pool;
 pub mod redact;
 mod relay;
 mod request;
