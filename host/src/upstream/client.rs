@@ -357,15 +357,11 @@ fn target(url: &str) -> Option<Target> {
         .then(|| {
             let host = uri.host()?;
             let port = uri.port_u16().unwrap_or(80);
-            let host_header = if port == 80 {
-                HeaderValue::from_str(host).ok()?
-            } else {
-                HeaderValue::from_str(&format!("{host}:{port}")).ok()?
-            };
+            let origin = format!("{host}:{port}");
             let path = uri.path_and_query().map_or("/", |p| p.as_str());
             Some(PlainTarget {
-                host: host_header,
-                origin: Arc::from(format!("{host}:{port}")),
+                host: HeaderValue::from_str(if port == 80 { host } else { &origin }).ok()?,
+                origin: Arc::from(origin),
                 path: Uri::try_from(path).ok()?,
             })
         })

@@ -175,9 +175,9 @@ impl InProcessLimits {
                 standings: charges.iter().map(|ch| c.standing(ch, now)).collect(),
             });
         }
-        // Each counter is looked up once more, to commit; its standing follows from what was
-        // committed. (SipHash, as callers name these keys: ~3,700 instructions a request went to
-        // hashing them when commit and standing looked each up again and cloned its key.)
+        // Each counter is looked up once more, to commit, and its standing follows from what was
+        // committed: these maps SipHash (callers name the keys), and a third lookup per counter
+        // and a copy of its key for every commit were paid on each request.
         let standings = charges
             .iter()
             .zip(next_tats)
@@ -187,16 +187,7 @@ impl InProcessLimits {
                     rate_standing(tat, now, charge.limit)
                 }
                 None => {
-                    let held = match c.in_flight.get_mut(&charge.key) {
-                        Some(held) => {
-                            *held = held.saturating_add(charge.amount);
-                            *held
-                        }
-                        None => {
-                            c.in_flight.insert(charge.key.clone(), charge.amount);
-                            charge.amount
-                        }
-                    };
+                    let held = c.add_in_flight(&charge.key, charge.amount);
                     concurrency_standing(held, charge.limit)
                 }
             })
@@ -247,6 +238,21 @@ impl Counters {
             LimitKind::Concurrent => {
                 let held = self.in_flight.get(&charge.key).copied().unwrap_or(0);
                 concurrency_standing(held, charge.limit)
+            }
+        }
+    }
+
+    /// Adds `amount` to a concurrency counter and returns what it holds, copying its key only
+    /// when the counter is new.
+    fn add_in_flight(&mut self, key: &str, amount: u64) -> u64 {
+        match self.in_flight.get_mut(key) {
+            Some(held) => {
+                *held = held.saturating_add(amount);
+                *held
+            }
+            None => {
+                self.in_flight.insert(key.to_owned(), amount);
+                amount
             }
         }
     }
