@@ -46,3 +46,66 @@ async fn alpha_zero_buys_the_cheapest_and_alpha_one_the_fastest() {
     let (cheap, dear) = run(1.0).await;
     assert!(dear >= 25, "α=1 buys latency: {cheap} vs {dear}");
 }
+
+/// Observations that find the model's strategy instance busy are queued and delivered first by
+/// its next call: after requests from many clients at once, the strategy has learned from every
+/// one of them (its counter of observations), none lost or counted twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_answer_of_concurrent_clients_reaches_the_strategy_once() {
+    const CLIENTS: usize = 16;
+    const EACH: usize = 25;
+    let mock = Mock::start(&[]);
+    let gw = Gateway::start(&format!(
+        "server: {{ admin_token: busy-admin }}
+models:
+  - id: m
+    router: routewise
+    route:
+      - kind: openai_compat
+        base_url: {}
+        pricing: {{ prompt: 0.1, completion: 0.4 }}
+",
+        mock.base_url()
+    ));
+    let client = reqwest::Client::new();
+    let clients = (0..CLIENTS).map(|_| {
+        let (client, url) = (client.clone(), gw.url("/v1/chat/completions"));
+        tokio::spawn(async move {
+            for _ in 0..EACH {
+                let response = client
+                    .post(&url)
+                    .json(&chat_body("m", false))
+                    .send()
+                    .await
+                    .expect("gateway reachable");
+                assert_eq!(response.status(), 200);
+                response.bytes().await.expect("answer read");
+            }
+        })
+    });
+    for client in futures::future::join_all(clients).await {
+        client.expect("client task");
+    }
+    // An attempt is observed as it ends, which may be just after its answer was read: wait for
+    // the last ones (a generous deadline; the count must then be exact).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let observed = loop {
+        let routing: serde_json::Value = client
+            .get(gw.url("/routing"))
+            .bearer_auth("busy-admin")
+            .send()
+            .await
+            .expect("gateway reachable")
+            .json()
+            .await
+            .expect("routing is JSON");
+        let observed = routing["models"][0]["strategy_status"]["counters"]["observations"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no count of observations: {routing}"));
+        if observed as usize >= CLIENTS * EACH || std::time::Instant::now() > deadline {
+            break observed;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert_eq!(observed as usize, CLIENTS * EACH);
+}

@@ -4,7 +4,7 @@
 //! model's strategy state stays whole (cursors, learned profiles) without serialising other models.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use wasmtime::Store;
@@ -36,6 +36,10 @@ pub struct RouterStats {
     pub last_failure: parking_lot::Mutex<Option<String>>,
 }
 
+/// Observations queued while a model's instance is busy, at most; beyond it an observation waits
+/// for the instance in a task of its own.
+const MAX_QUEUED_OBSERVATIONS: usize = 1024;
+
 /// A model's router: the strategy instance plus what is needed to rebuild it.
 pub struct ModelRouter {
     pub model_id: String,
@@ -47,6 +51,12 @@ pub struct ModelRouter {
     /// `None` after a failure killed the instance, until the next call re-creates it. An async
     /// lock: a call may await a guest's WASI I/O, and other models never wait on this one.
     instance: tokio::sync::Mutex<Option<LiveInstance>>,
+    /// Observations that found the instance busy, delivered in order at the start of the next
+    /// call on it (before anything that could read the state they change). Waiting for the
+    /// instance instead was a task parked on another serving thread and woken from this one.
+    queued: parking_lot::Mutex<Vec<Observation>>,
+    /// Whether `queued` may hold something, so a call looks at it only then.
+    any_queued: AtomicBool,
     pub stats: RouterStats,
     /// When each endpoint (by id) last finished an attempt, and when the router was created, in
     /// ms since the Unix epoch: what the RouteWise prober calls idle.
@@ -80,6 +90,8 @@ impl ModelRouter {
             params_json: params.to_string(),
             upstreams: parking_lot::Mutex::new(upstreams),
             instance: tokio::sync::Mutex::new(None),
+            queued: parking_lot::Mutex::new(Vec::new()),
+            any_queued: AtomicBool::new(false),
             stats: RouterStats::default(),
             activity: parking_lot::Mutex::new((crate::clock::unix_ms(), Default::default())),
             strategy,
@@ -134,6 +146,53 @@ impl ModelRouter {
         &self,
     ) -> Result<tokio::sync::MutexGuard<'_, Option<LiveInstance>>, StrategyError> {
         let mut slot = self.instance.lock().await;
+        self.revive(&mut slot).await?;
+        if self.any_queued.load(Ordering::Acquire) {
+            // Boxed, like the re-creation: it would otherwise size every call's future.
+            Box::pin(self.deliver_queued(&mut slot)).await?;
+        }
+        Ok(slot)
+    }
+
+    /// Delivers the observations queued while the instance was busy, oldest first. A failed one
+    /// is recorded like any `observe` failure; a trap re-creates the instance for the rest.
+    async fn deliver_queued(
+        &self,
+        slot: &mut tokio::sync::MutexGuard<'_, Option<LiveInstance>>,
+    ) -> Result<(), StrategyError> {
+        self.any_queued.store(false, Ordering::Release);
+        let queued = std::mem::take(&mut *self.queued.lock());
+        for observation in &queued {
+            if let Err(e) = self.call_in(slot, Call::Observe(observation)).await {
+                self.record_failure(&e);
+            }
+            self.revive(slot).await?;
+        }
+        Ok(())
+    }
+
+    /// Queues `observation` when the instance is busy (and the queue has room), to be delivered
+    /// at the start of the next call; gives it back when the instance is free, for the caller to
+    /// deliver now. The prober's activity is noted either way.
+    pub fn queue_if_busy(&self, observation: Observation) -> Option<Observation> {
+        if self.instance.try_lock().is_ok() {
+            return Some(observation);
+        }
+        let mut queued = self.queued.lock();
+        if queued.len() >= MAX_QUEUED_OBSERVATIONS {
+            return Some(observation);
+        }
+        self.note_activity(observation.index, observation.now_ms);
+        queued.push(observation);
+        self.any_queued.store(true, Ordering::Release);
+        None
+    }
+
+    /// Re-creates the instance if a previous call killed it.
+    async fn revive(
+        &self,
+        slot: &mut tokio::sync::MutexGuard<'_, Option<LiveInstance>>,
+    ) -> Result<(), StrategyError> {
         if slot.is_none() {
             // Boxed: the rare re-creation would otherwise size every call's future.
             let live = Box::pin(self.instantiate()).await?;
@@ -146,9 +205,9 @@ impl ModelRouter {
                 strategy = %self.strategy.label(),
                 "strategy instance re-created after a failure; its state was reset"
             );
-            *slot = Some(live);
+            **slot = Some(live);
         }
-        Ok(slot)
+        Ok(())
     }
 
     /// Turns a call's outcome into ours. A trap leaves the instance dead (wasmtime refuses to
@@ -295,6 +354,15 @@ impl ModelRouter {
     /// drops the instance).
     async fn call(&self, call: Call<'_>) -> Result<Reply, StrategyError> {
         let mut slot = self.acquire().await?;
+        self.call_in(&mut slot, call).await
+    }
+
+    /// [`Self::call`] on an instance already locked.
+    async fn call_in(
+        &self,
+        slot: &mut tokio::sync::MutexGuard<'_, Option<LiveInstance>>,
+        call: Call<'_>,
+    ) -> Result<Reply, StrategyError> {
         let Some(live) = slot.as_mut() else {
             return Err(StrategyError::Engine("instance slot empty".into()));
         };
@@ -313,7 +381,7 @@ impl ModelRouter {
             live.guest.call(&mut live.store, live.router, call),
         ))
         .await;
-        self.settle(&mut slot, name, result)
+        self.settle(slot, name, result)
     }
 
     /// Makes this router a model's shadow: its calls are reported as the shadow's.

@@ -336,16 +336,20 @@ fn prompt_tokens(usage: &ir::Usage, estimate: u32) -> u32 {
     }
 }
 
-/// Hands an observation to the strategy. `observe` is a short synchronous wasm call that almost
-/// always completes in its first poll, so it runs here; only when it has to wait (another call
-/// holds the model's instance, or a guest waits on host I/O) does it become a task of its own.
-/// A task per request was a wake-up of another worker thread on every request.
+/// Hands an observation to the strategy. When another call holds the model's instance, it is
+/// queued for the next call to deliver first. Otherwise `observe`, a short synchronous wasm call
+/// that almost always completes in its first poll, runs here; only when it has to wait (the
+/// instance was taken meanwhile, a guest waits on host I/O, the queue is full) does it become a
+/// task of its own. A task per request was a wake-up of another serving thread on every request.
 fn report(router: &Arc<ModelRouter>, observation: Observation) {
     if !router.observes() {
         // Declared `observe` skipped: no call, no future; the activity the prober reads is kept.
         router.note_activity(observation.index, observation.now_ms);
         return;
     }
+    let Some(observation) = router.queue_if_busy(observation) else {
+        return;
+    };
     let router = router.clone();
     let mut call = Box::pin(async move { router.observe(&observation).await });
     let mut cx = Context::from_waker(std::task::Waker::noop());
