@@ -28,8 +28,9 @@ def arg(name, default):
 
 
 def main():
-    builds = [a.split("=", 1) for a in sys.argv[1:] if "=" in a and not a.startswith("-")
-              and sys.argv[sys.argv.index(a) - 1] != "--gateway-env"]
+    # `label=path` arguments, except the value of `--gateway-env`.
+    builds = [a.split("=", 1) for i, a in enumerate(sys.argv[1:], 1)
+              if "=" in a and not a.startswith("-") and sys.argv[i - 1] != "--gateway-env"]
     if not builds:
         sys.exit(__doc__)
     models = arg("--models", "fixed,routewise").split(",")
@@ -59,10 +60,9 @@ def main():
         for r in range(rounds):
             for label, (port, pid) in gateways.items():
                 for model in models:
-                    before = run.cpu_seconds(pid)
-                    out = run.wrk(f"http://127.0.0.1:{port}/v1/chat/completions", run.body(f"bench-{model}"),
-                                  clients, work)
-                    cpu_us = (run.cpu_seconds(pid) - before) * 1e6 / max(out["requests"], 1)
+                    out = run.wrk_cpu(f"http://127.0.0.1:{port}/v1/chat/completions",
+                                      run.body(f"bench-{model}"), clients, work, pid)
+                    cpu_us = out["cpu_us_per_request"]
                     results.setdefault((label, model), []).append((out["rps"], cpu_us))
                     print(f"round {r + 1} {label:12} {model:12} {out['rps']:9.0f} req/s  cpu {cpu_us:6.1f} us/req"
                           + (f"  ERRORS {out['errors']}" if out["errors"] else ""), flush=True)
@@ -71,13 +71,7 @@ def main():
             print(f"  {label:12} {model:12} {statistics.median(r[0] for r in rows):9.0f} req/s  "
                   f"cpu {statistics.median(r[1] for r in rows):6.1f} us/req")
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        run.stop_processes(procs)
 
 
 if __name__ == "__main__":

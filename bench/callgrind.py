@@ -272,13 +272,7 @@ def main():
                 print(f"{cost:>9,}  {fn[:150]}")
             print()
     finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        bench.stop_processes(list(reversed(procs)), timeout=30)
 
 
 if __name__ == "__main__":

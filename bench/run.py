@@ -249,6 +249,26 @@ def wrk(url, payload, concurrency, script_dir, headers=None):
             + (sum(int(g) for g in socket_errors.groups()) if socket_errors else 0)}
 
 
+def wrk_cpu(url, payload, concurrency, script_dir, pid):
+    """`wrk` as above, plus the CPU the process `pid` spent per request over the run (from
+    /proc/<pid>/stat) as `cpu_us_per_request`."""
+    before = cpu_seconds(pid)
+    r = wrk(url, payload, concurrency, script_dir)
+    r["cpu_us_per_request"] = (cpu_seconds(pid) - before) * 1e6 / max(r["requests"], 1)
+    return r
+
+
+def stop_processes(procs, timeout=10):
+    """SIGTERM to every process, then waits for each; kills what has not exited by `timeout`."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
 def count_events(url, payload, headers=None):
     """SSE `data:` events in one answer, to say what a 'stream' is in the tables."""
     return len(sse_data(url, payload, headers))
@@ -912,9 +932,7 @@ def paired_routewise(url, pid, script_dir, rounds=3):
     runs = {"fixed": [], "routewise": []}
     for _ in range(rounds):
         for name in ("fixed", "routewise"):
-            before = cpu_seconds(pid)
-            r = wrk(url, body(f"bench-{name}"), 32, script_dir)
-            r["cpu_us_per_request"] = (cpu_seconds(pid) - before) * 1e6 / max(r["requests"], 1)
+            r = wrk_cpu(url, body(f"bench-{name}"), 32, script_dir, pid)
             runs[name].append(r)
             print(f"pair   switchyard {name:23} c=32   {r['rps']:9.0f} req/s  "
                   f"cpu {r['cpu_us_per_request']:.1f} us/req", flush=True)

@@ -54,9 +54,8 @@ def main():
         payload = run.body("bench-fixed")
         for r in range(rounds):
             for name, (port, pid) in gateways.items():
-                before = run.cpu_seconds(pid)
-                out = run.wrk(f"http://127.0.0.1:{port}/v1/chat/completions", payload, clients, work)
-                cpu_us = (run.cpu_seconds(pid) - before) * 1e6 / max(out["requests"], 1)
+                out = run.wrk_cpu(f"http://127.0.0.1:{port}/v1/chat/completions", payload, clients, work, pid)
+                cpu_us = out["cpu_us_per_request"]
                 results[name].append((out["rps"], cpu_us, out["errors"]))
                 print(f"round {r + 1} {name:22} {out['rps']:9.0f} req/s  cpu {cpu_us:6.1f} us/req"
                       + (f"  ERRORS {out['errors']}" if out["errors"] else ""), flush=True)
@@ -65,13 +64,7 @@ def main():
             print(f"  {name:22} {statistics.median(r[0] for r in rows):9.0f} req/s  "
                   f"cpu {statistics.median(r[1] for r in rows):6.1f} us/req")
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        run.stop_processes(procs)
 
 
 if __name__ == "__main__":
