@@ -3,7 +3,9 @@
 //!
 //! Pages are ordered by `created_at_ms`, then `id`, both descending, and every filter column has an
 //! index on `(column, created_at_ms)` (migration 0018), so a page is a walk down one index that
-//! stops after `limit + 1` rows; a time range narrows the walk. The cursor is a row id: the next
+//! stops after `limit + 1` rows; a time range narrows the walk. The status has one partial index,
+//! of the failed rows (migration 0023): a failing status or class walks it, any other walks the
+//! time index, checking the status on each row. The cursor is a row id: the next
 //! page starts after that row in this order. Rows are written in batches (every 250 ms), so the log
 //! lags the requests by up to about a second.
 
@@ -13,6 +15,8 @@ use super::{Pool, Store, StoreError};
 pub const MAX_LIMIT: u32 = 500;
 /// Rows in a page when the caller does not say.
 pub const DEFAULT_LIMIT: u32 = 50;
+/// The lowest status the index `api_logs_failed` holds (its `WHERE status >= 400`).
+const FAILED_STATUS: i32 = 400;
 
 /// Which statuses a page holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,7 +142,7 @@ pub fn page_statement(filter: &LogFilter, cursor: Option<i64>, backend: Backend)
         }
     }
     // Beside a column filter, a status is never the selective part (five classes, 94 % of rows
-    // one of them), but SQLite, without statistics, would walk the status index and read most of
+    // one of them), but SQLite, without statistics, would walk a status index and read most of
     // the log (200 ms over a million rows): a unary `+` keeps the status term off the indexes, so
     // the column's index is walked and the status checked on its rows. PostgreSQL knows the
     // expression's statistics and needs them (with `+` it guesses the term selective and sorts).
@@ -147,16 +151,30 @@ pub fn page_statement(filter: &LogFilter, cursor: Option<i64>, backend: Backend)
     } else {
         "+"
     };
+    // Alone, a failing status (or class) names the condition of the partial index
+    // `api_logs_failed` word for word, as a literal: a planner uses a partial index only where it
+    // can prove the query's rows are in it, and neither proves it from a bound parameter.
+    let in_failed_index = |lowest: i32| {
+        if status_term.is_empty() && lowest >= FAILED_STATUS {
+            format!("status >= {FAILED_STATUS} AND ")
+        } else {
+            String::new()
+        }
+    };
     match filter.status {
         Some(StatusFilter::Exact(code)) => {
             let p = st.bind(Bind::Int(i64::from(code)));
-            conditions.push(format!("{status_term}status = {p}"));
+            conditions.push(format!(
+                "{}{status_term}status = {p}",
+                in_failed_index(code)
+            ));
         }
-        // Alone, the same expression as the index `api_logs_status_class`, so the planner can
-        // walk it.
         Some(StatusFilter::Class(digit)) => {
             let p = st.bind(Bind::Int(i64::from(digit)));
-            conditions.push(format!("{status_term}(status / 100) = {p}"));
+            conditions.push(format!(
+                "{}{status_term}(status / 100) = {p}",
+                in_failed_index(digit.saturating_mul(100))
+            ));
         }
         None => {}
     }
@@ -378,13 +396,36 @@ mod tests {
         // PostgreSQL keeps the expression, whose statistics it plans with.
         let st = page_statement(&filter, Some(99), Backend::Postgres);
         assert!(
-            st.sql.contains("model = $1 AND (status / 100) = $2"),
+            st.sql
+                .contains("model = $1 AND status >= 400 AND (status / 100) = $2"),
             "{}",
             st.sql
         );
         // An id that is not stored: the rows below it.
         let st = page_statement(&filter, None, Backend::Sqlite);
         assert!(st.sql.contains("AND id < $4 ORDER BY"), "{}", st.sql);
+        // Alone, a failing status or class names the failed rows' partial index; a `2xx` does not.
+        for (status, condition) in [
+            (
+                StatusFilter::Exact(429),
+                "WHERE status >= 400 AND status = $1 ORDER BY",
+            ),
+            (
+                StatusFilter::Class(5),
+                "WHERE status >= 400 AND (status / 100) = $1 ORDER BY",
+            ),
+            (StatusFilter::Class(2), "WHERE (status / 100) = $1 ORDER BY"),
+            (StatusFilter::Exact(200), "WHERE status = $1 ORDER BY"),
+        ] {
+            let alone = LogFilter {
+                status: Some(status),
+                ..LogFilter::default()
+            };
+            for backend in [Backend::Sqlite, Backend::Postgres] {
+                let st = page_statement(&alone, None, backend);
+                assert!(st.sql.contains(condition), "{}", st.sql);
+            }
+        }
         let st = page_statement(&LogFilter::default(), None, Backend::Sqlite);
         assert!(
             st.sql
