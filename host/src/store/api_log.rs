@@ -227,36 +227,46 @@ fn chunks(mut rows: &[ApiLogRow]) -> impl Iterator<Item = &[ApiLogRow]> {
 
 /// One transaction of multi-row INSERTs on a pool of database `$db`, `$postgres` telling its
 /// placeholder style; only the query's database type differs between the backends.
+///
+/// The values go into one argument list reserved for the chunk, and text is bound as `&str`
+/// borrowed from the rows: `Query::bind` grew its list one value at a time, and a bound `&String`
+/// is cloned (sqlx encodes a `String` by value), one allocation and copy per text column.
 macro_rules! insert_rows {
     ($db:ty, $postgres:expr, $conn:expr, $rows:expr) => {{
+        use sqlx::Arguments as _;
         let mut tx = sqlx::Connection::begin(&mut **$conn).await?;
         for chunk in chunks($rows) {
-            let mut query = sqlx::query::<$db>(insert_sql($postgres, chunk.len()));
+            let mut args = <$db as sqlx::Database>::Arguments::default();
+            args.reserve(chunk.len() * COLUMN_COUNT, 0);
             for r in chunk {
-                query = query
-                    .bind(r.created_at_ms)
-                    .bind(&r.route)
-                    .bind(&r.consumer)
-                    .bind(&r.model)
-                    .bind(&r.endpoint_id)
-                    .bind(r.attempts)
-                    .bind(r.fell_back)
-                    .bind(r.status)
-                    .bind(r.ttft_ms)
-                    .bind(r.latency_ms)
-                    .bind(r.prompt_tokens)
-                    .bind(r.completion_tokens)
-                    .bind(&r.error)
-                    .bind(&r.failed_attempts)
-                    .bind(&r.request_id)
-                    .bind(r.cost_usd)
-                    .bind(r.cached_tokens)
-                    .bind(r.cache_write_tokens)
-                    .bind(&r.attempt_log)
-                    .bind(&r.decision)
-                    .bind(&r.rate_limited_by);
+                (|| {
+                    args.add(r.created_at_ms)?;
+                    args.add(r.route.as_deref())?;
+                    args.add(r.consumer.as_deref())?;
+                    args.add(r.model.as_str())?;
+                    args.add(r.endpoint_id.as_deref())?;
+                    args.add(r.attempts)?;
+                    args.add(r.fell_back)?;
+                    args.add(r.status)?;
+                    args.add(r.ttft_ms)?;
+                    args.add(r.latency_ms)?;
+                    args.add(r.prompt_tokens)?;
+                    args.add(r.completion_tokens)?;
+                    args.add(r.error.as_deref())?;
+                    args.add(r.failed_attempts.as_deref())?;
+                    args.add(r.request_id.as_deref())?;
+                    args.add(r.cost_usd)?;
+                    args.add(r.cached_tokens)?;
+                    args.add(r.cache_write_tokens)?;
+                    args.add(r.attempt_log.as_deref())?;
+                    args.add(r.decision.as_deref())?;
+                    args.add(r.rate_limited_by.as_deref())
+                })()
+                .map_err(sqlx::Error::Encode)?;
             }
-            query.execute(&mut *tx).await?;
+            sqlx::query_with::<$db, _>(insert_sql($postgres, chunk.len()), args)
+                .execute(&mut *tx)
+                .await?;
         }
         tx.commit().await?;
     }};
