@@ -15,7 +15,7 @@
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, HeaderName};
 use ipnet::IpNet;
 use sha2::{Digest, Sha256};
 
@@ -27,6 +27,11 @@ pub struct Caller {
     /// A stable 64-bit hash of the key for strategies; 0 without one.
     pub hash: u64,
 }
+
+// Looked up on every request: a name given as `&str` is parsed and checked on each lookup.
+const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+const X_INFERENCE_GRANT: HeaderName = HeaderName::from_static("x-inference-grant");
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// Seed of the callers' 64-bit hash: fixed, so the hash is the same on every replica.
 const CALLER_HASH_SEED: u64 = 0x5377_6974_6368_7964;
@@ -43,7 +48,7 @@ impl Caller {
 /// The credential a client presented: `Authorization: Bearer` or Anthropic's `x-api-key`.
 pub fn presented_key(headers: &HeaderMap) -> Option<&str> {
     super::auth::bearer(headers)
-        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
+        .or_else(|| headers.get(&X_API_KEY).and_then(|v| v.to_str().ok()))
         .filter(|k| !k.is_empty())
 }
 
@@ -54,7 +59,7 @@ pub fn identify(headers: &HeaderMap, peer: Option<SocketAddr>, trusted: &[IpNet]
         return Caller::from_key(format!("key:{}", hex::encode(&digest[..16])));
     }
     if let Some(grant) = headers
-        .get("x-inference-grant")
+        .get(&X_INFERENCE_GRANT)
         .and_then(|v| v.to_str().ok())
         .map(str::trim)
         .filter(|g| !g.is_empty())
@@ -62,7 +67,12 @@ pub fn identify(headers: &HeaderMap, peer: Option<SocketAddr>, trusted: &[IpNet]
         return Caller::from_key(format!("grant:{grant}"));
     }
     match peer.map(|p| client_ip(headers, p.ip(), trusted)) {
-        Some(ip) => Caller::from_key(format!("ip:{}", bucket(ip))),
+        Some(ip) => {
+            let mut key = String::with_capacity("ip:".len() + 48);
+            key.push_str("ip:");
+            push_bucket(&mut key, ip);
+            Caller::from_key(key)
+        }
         None => Caller::default(),
     }
 }
@@ -75,7 +85,7 @@ pub fn client_ip(headers: &HeaderMap, peer: IpAddr, trusted: &[IpNet]) -> IpAddr
         return peer;
     }
     let forwarded: Vec<IpAddr> = headers
-        .get_all("x-forwarded-for")
+        .get_all(&X_FORWARDED_FOR)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
@@ -100,16 +110,19 @@ fn canonical(ip: IpAddr) -> IpAddr {
     }
 }
 
-/// IPv4: the address. IPv6: its /64.
-fn bucket(ip: IpAddr) -> String {
-    match canonical(ip) {
-        IpAddr::V4(v4) => v4.to_string(),
+/// Appends the bucket of `ip` to `key`: IPv4, the address; IPv6, its /64. Written in place: the
+/// key of an anonymous caller is built on every request.
+fn push_bucket(key: &mut String, ip: IpAddr) {
+    use std::fmt::Write as _;
+    // Writing to a `String` does not fail.
+    let _ = match canonical(ip) {
+        IpAddr::V4(v4) => write!(key, "{v4}"),
         IpAddr::V6(v6) => {
             let s = v6.segments();
             let prefix = Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0);
-            format!("{prefix}/64")
+            write!(key, "{prefix}/64")
         }
-    }
+    };
 }
 
 #[cfg(test)]

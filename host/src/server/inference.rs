@@ -518,6 +518,9 @@ async fn published_model(
     Ok(model)
 }
 
+/// The operator's route pin (`X-Route-Pin`), looked up on every request.
+const X_ROUTE_PIN: axum::http::HeaderName = axum::http::HeaderName::from_static("x-route-pin");
+
 /// Who is calling and whether an operator pinned a route.
 fn caller_and_pin<'h>(
     gateway: &Gateway,
@@ -527,7 +530,7 @@ fn caller_and_pin<'h>(
 ) -> (caller::Caller, Option<&'h str>) {
     // X-Route-Pin is an operator's debugging tool: honoured for admin callers only.
     let pin = headers
-        .get("x-route-pin")
+        .get(&X_ROUTE_PIN)
         .and_then(|v| v.to_str().ok())
         .map(str::trim)
         .filter(|p| !p.is_empty())
