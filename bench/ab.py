@@ -14,7 +14,6 @@ build also runs the mock. Extra environment for every gateway: `--gateway-env K=
 """
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -49,12 +48,8 @@ def main():
         run.wait_http(f"http://127.0.0.1:{port_base}/health")
         for i, (label, binary) in enumerate(builds):
             port = port_base + 1 + i
-            config = work / f"{label}.yaml"
-            config.write_text(run.gateway_config(work, f"{label}.db"))
-            gateway = subprocess.Popen([binary, "serve", "--config", str(config), "--listen", f"127.0.0.1:{port}"],
-                                       stdout=subprocess.DEVNULL, env=dict(env, **gateway_env))
+            gateway = run.start_gateway(binary, work, label, port, dict(env, **gateway_env))
             procs.append(gateway)
-            run.wait_http(f"http://127.0.0.1:{port}/health", proc=gateway)
             gateways[label] = (port, gateway.pid)
         results = {}
         for r in range(rounds):

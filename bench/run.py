@@ -719,6 +719,17 @@ def gateway_config(work, db="bench.db", fleet=False):
     return f"database:\n  url: sqlite://{work}/{db}\n{fleet_section}{routes}models:\n{models}"
 
 
+def start_gateway(binary, work, name, port, env):
+    """A gateway on the suite's config with a SQLite file of its own (`work/<name>.db`), returned
+    once it answers its health check on `port` (the caller stops it)."""
+    config = work / f"{name}.yaml"
+    config.write_text(gateway_config(work, f"{name}.db"))
+    proc = subprocess.Popen([binary, "serve", "--config", str(config), "--listen", f"127.0.0.1:{port}"],
+                            stdout=subprocess.DEVNULL, env=env)
+    wait_http(f"http://127.0.0.1:{port}/health", proc=proc)
+    return proc
+
+
 def start_mock(binary, env):
     return subprocess.Popen([binary, "mock-upstream", "--port", str(PORTS["mock"]),
                              "--completion-tokens", str(COMPLETION_TOKENS)], stdout=subprocess.DEVNULL, env=env)
