@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use parking_lot::Mutex;
-use serde::Serialize;
 
 use crate::config::ModelUpstream;
 use crate::config::raw::RawPricing;
@@ -21,8 +20,9 @@ use crate::upstream::{AttemptEnd, AttemptError};
 /// client went away. What it consumed is not known; it is logged with 0 tokens.
 pub const CANCELLED: &str = "cancelled";
 
-/// One attempt, as `api_logs.attempt_log` keeps it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// One attempt, as `api_logs.attempt_log` keeps it (written by [`attempts_json`], which the tests
+/// hold to this derived `Serialize`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct AttemptRecord {
     pub endpoint_id: String,
     /// The upstream's protocol (`openai_compat`, `openai_responses`, `anthropic`).
@@ -133,6 +133,18 @@ impl AttemptLog {
         }
         records
     }
+
+    /// What the attempts so far cost: the sum over those whose upstream has `pricing`, `None`
+    /// when none has (the same as [`summarize`]'s, without writing the log).
+    pub fn cost_usd(&self) -> Option<f64> {
+        sum_cost(self.0.lock().iter())
+    }
+}
+
+fn sum_cost<'a>(records: impl Iterator<Item = &'a AttemptRecord>) -> Option<f64> {
+    records
+        .filter_map(|r| r.cost_usd)
+        .fold(None, |sum: Option<f64>, c| Some(sum.unwrap_or(0.0) + c))
 }
 
 fn cancel(entry: &mut AttemptRecord) {
@@ -155,19 +167,47 @@ pub struct AttemptSummary {
 
 /// Sums up `records`.
 pub fn summarize(records: &[AttemptRecord]) -> AttemptSummary {
-    let cost_usd = records
-        .iter()
-        .filter_map(|r| r.cost_usd)
-        .fold(None, |sum: Option<f64>, c| Some(sum.unwrap_or(0.0) + c));
     let served = records.iter().find(|r| r.served);
     AttemptSummary {
-        json: (!records.is_empty())
-            .then(|| serde_json::to_string(records).ok())
-            .flatten(),
-        cost_usd,
+        json: (!records.is_empty()).then(|| attempts_json(records)),
+        cost_usd: sum_cost(records.iter()),
         cached_tokens: served.map(|r| r.cached_tokens),
         cache_write_tokens: served.map(|r| r.cache_write_tokens),
     }
+}
+
+/// `records` as a JSON array, as `serde_json` writes the derived `Serialize` of each: the keys
+/// written as the constants they are, each value by `serde_json` (string escapes, integers, and
+/// floats with non-finite ones as `null`). Derived, every key went through the string escaper
+/// and the struct machinery: 3,300 instructions for one record, on every request.
+fn attempts_json(records: &[AttemptRecord]) -> String {
+    fn value(out: &mut Vec<u8>, key: &str, value: &impl serde::Serialize) {
+        out.extend_from_slice(key.as_bytes());
+        // Writing to a `Vec` fails only for a value that is not JSON, which none of these is.
+        let _ = serde_json::to_writer(&mut *out, value);
+    }
+    let mut out = Vec::with_capacity(records.len() * 320);
+    out.push(b'[');
+    for (i, r) in records.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        value(&mut out, "{\"endpoint_id\":", &r.endpoint_id);
+        value(&mut out, ",\"provider\":", &r.provider);
+        value(&mut out, ",\"status\":", &r.status);
+        value(&mut out, ",\"error_type\":", &r.error_type);
+        value(&mut out, ",\"hedge\":", &r.hedge);
+        value(&mut out, ",\"prompt_tokens\":", &r.prompt_tokens);
+        value(&mut out, ",\"completion_tokens\":", &r.completion_tokens);
+        value(&mut out, ",\"cached_tokens\":", &r.cached_tokens);
+        value(&mut out, ",\"cache_write_tokens\":", &r.cache_write_tokens);
+        value(&mut out, ",\"cost_usd\":", &r.cost_usd);
+        value(&mut out, ",\"latency_ms\":", &r.latency_ms);
+        out.push(b'}');
+    }
+    out.push(b']');
+    // Only JSON text went in.
+    String::from_utf8(out).unwrap_or_default()
 }
 
 /// What `usage` costs at `pricing` (USD per million tokens). The IR counts cached reads and
@@ -288,5 +328,43 @@ mod tests {
         // No priced upstream: no cost, rather than a cost of 0.
         assert_eq!(summarize(&[record(None, true)]).cost_usd, None);
         assert_eq!(summarize(&[]), AttemptSummary::default());
+    }
+
+    #[test]
+    fn the_attempt_log_is_written_as_serde_would_write_it() {
+        let record = |endpoint_id: &str, error_type, cost_usd, latency_ms| AttemptRecord {
+            endpoint_id: endpoint_id.into(),
+            provider: "anthropic",
+            status: 529,
+            error_type,
+            hedge: true,
+            prompt_tokens: u32::MAX,
+            completion_tokens: 0,
+            cached_tokens: 7,
+            cache_write_tokens: 1,
+            cost_usd,
+            latency_ms,
+            position: 3,
+            served: false,
+            ended: true,
+            started: Instant::now(),
+        };
+        let records = [
+            record("m:a", None, None, 0.499_024_999_999_999_94),
+            // Escapes in the id, a non-finite cost and latency (written as null by both).
+            record(
+                "m:\"quoted\"\\\u{1}\u{e9}",
+                Some(CANCELLED),
+                Some(f64::NAN),
+                f64::INFINITY,
+            ),
+            record("m:b", Some("http_status"), Some(1e-7), 1e21),
+        ];
+        for n in 1..=records.len() {
+            assert_eq!(
+                attempts_json(&records[..n]),
+                serde_json::to_string(&records[..n]).unwrap()
+            );
+        }
     }
 }

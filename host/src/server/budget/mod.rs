@@ -290,8 +290,7 @@ impl Drop for BudgetCharge {
         let Some(attempts) = &self.attempts else {
             return;
         };
-        let cost = crate::routing::dispatch::attempt_log::summarize(&attempts.records()).cost_usd;
-        if let Some(usd) = cost {
+        if let Some(usd) = attempts.cost_usd() {
             self.budgets.charge(&self.applies_to, usd);
         }
     }
