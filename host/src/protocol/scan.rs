@@ -18,6 +18,10 @@ use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, MapAccess, Seq
 
 use super::ir::Usage;
 
+mod reader;
+
+pub(crate) use reader::object_entries;
+
 /// What a relayed answer tells the gateway.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Summary {
@@ -26,9 +30,9 @@ pub struct Summary {
     pub model: String,
 }
 
-/// Scans `bytes` as `T`, or gives up.
+/// Scans `bytes` as `T`, or gives up; read by [`reader`], not `serde_json`, for speed.
 pub(crate) fn scan<'de, T: Deserialize<'de>>(bytes: &'de [u8]) -> Option<T> {
-    serde_json::from_slice(bytes).ok()
+    reader::from_slice(bytes)
 }
 
 /// A token count as the full parse reads it: saturated to `u32`, zero when absent.
