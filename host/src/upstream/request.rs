@@ -1,12 +1,13 @@
 //! What goes on the wire for one attempt: the URL, the credential and the body.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use serde_json::value::RawValue;
 
 use crate::config::{ModelUpstream, ProviderKind};
-use crate::protocol::Dialect;
 use crate::protocol::inbound::Inbound;
+use crate::protocol::{Dialect, scan};
 
 use super::UpstreamAuth;
 
@@ -51,63 +52,96 @@ pub(super) fn chat_body(inbound: &Inbound, upstream: &ModelUpstream, dialect: Di
     if dialect != inbound.dialect {
         return dialect.build_request(&inbound.request, &upstream.provider_model_id);
     }
-    // The top-level fields as slices of the client's bytes, in key order and the last of a
-    // repeated key winning, as a parsed object would have them: the upstream body is written
-    // straight from the client's, with no tree of it in between.
-    let Ok(fields) = serde_json::from_slice::<BTreeMap<String, &RawValue>>(&inbound.body) else {
+    // The top-level fields as slices of the client's bytes: the upstream body is written straight
+    // from the client's, with no tree of it in between. The scan's reader finds them; where it
+    // gives up (a body nested deeper than it follows, say), `serde_json` does.
+    let fields = scan::object_entries(&inbound.body).or_else(|| raw_fields(&inbound.body));
+    let Some(fields) = fields else {
         // Unreachable for a parsed request (its body is a JSON object); the IR is then the source.
         return dialect.build_request(&inbound.request, &upstream.provider_model_id);
     };
-    let body = RawPassThroughBody {
-        fields: &fields,
-        model: &upstream.provider_model_id,
-        // Usage on Chat streams lets the gateway account tokens; the extra chunk is valid for clients.
-        include_usage: dialect == Dialect::OpenAiChat && inbound.request.stream,
-    };
-    // Sized for the whole body up front: growing by doubling would copy it several times.
-    let mut out = Vec::with_capacity(inbound.body.len() + 256);
-    match serde_json::to_writer(&mut out, &body) {
-        Ok(()) => out,
-        Err(_) => Vec::new(),
-    }
+    // Usage on Chat streams lets the gateway account tokens; the extra chunk is valid for clients.
+    let include_usage = dialect == Dialect::OpenAiChat && inbound.request.stream;
+    pass_through(
+        fields,
+        &upstream.provider_model_id,
+        include_usage,
+        inbound.body.len(),
+    )
 }
 
-/// [`PassThroughBody`] over the client's top-level fields as raw JSON.
-struct RawPassThroughBody<'a> {
-    fields: &'a BTreeMap<String, &'a RawValue>,
-    model: &'a str,
+/// The top-level fields of a JSON object by `serde_json`, as [`scan::object_entries`] gives them.
+fn raw_fields(body: &[u8]) -> Option<Vec<(Cow<'_, str>, &str)>> {
+    let fields = serde_json::from_slice::<BTreeMap<String, &RawValue>>(body).ok()?;
+    Some(
+        fields
+            .into_iter()
+            .map(|(key, value)| (Cow::Owned(key), value.get()))
+            .collect(),
+    )
+}
+
+/// Writes a client's top-level `fields` (each value as its JSON text) as an upstream body: in key
+/// order with the last of a repeated key winning, as a parsed object would have them; the model
+/// swapped for `model`; `stream_options.include_usage` added when asked for. `size` is the
+/// client body's: the output is sized for it up front, as doubling would copy it several times.
+fn pass_through(
+    mut fields: Vec<(Cow<'_, str>, &str)>,
+    model: &str,
     include_usage: bool,
+    size: usize,
+) -> Vec<u8> {
+    // Stable: the entries of a repeated key keep their order, and the last is written.
+    fields.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut out = Vec::with_capacity(size + 256);
+    out.push(b'{');
+    let (mut has_model, mut has_options) = (false, false);
+    for (i, (key, raw)) in fields.iter().enumerate() {
+        if fields.get(i + 1).is_some_and(|(next, _)| next == key) {
+            continue;
+        }
+        if out.len() > 1 {
+            out.push(b',');
+        }
+        write_json(&mut out, key.as_ref());
+        out.push(b':');
+        match key.as_ref() {
+            "model" => {
+                has_model = true;
+                write_json(&mut out, model);
+            }
+            "stream_options" if include_usage => {
+                has_options = true;
+                // Not an object (not usable as the client sent it): options of our own.
+                let options =
+                    serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(raw)
+                        .unwrap_or_default();
+                write_json(&mut out, &WithIncludeUsage(&options));
+            }
+            _ => out.extend_from_slice(raw.as_bytes()),
+        }
+    }
+    if !has_model {
+        if out.len() > 1 {
+            out.push(b',');
+        }
+        out.extend_from_slice(b"\"model\":");
+        write_json(&mut out, model);
+    }
+    if include_usage && !has_options {
+        if out.len() > 1 {
+            out.push(b',');
+        }
+        out.extend_from_slice(b"\"stream_options\":");
+        write_json(&mut out, &WithIncludeUsage(&serde_json::Map::new()));
+    }
+    out.push(b'}');
+    out
 }
 
-impl serde::Serialize for RawPassThroughBody<'_> {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap;
-        let mut map = serializer.serialize_map(None)?;
-        let mut has_options = false;
-        for (key, value) in self.fields {
-            match key.as_str() {
-                "model" => map.serialize_entry(key, self.model)?,
-                "stream_options" if self.include_usage => {
-                    has_options = true;
-                    // Not an object (not usable as the client sent it): options of our own.
-                    let options =
-                        serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(
-                            value.get(),
-                        )
-                        .unwrap_or_default();
-                    map.serialize_entry(key, &WithIncludeUsage(&options))?;
-                }
-                _ => map.serialize_entry(key, value)?,
-            }
-        }
-        if !self.fields.contains_key("model") {
-            map.serialize_entry("model", self.model)?;
-        }
-        if self.include_usage && !has_options {
-            map.serialize_entry("stream_options", &WithIncludeUsage(&serde_json::Map::new()))?;
-        }
-        map.end()
-    }
+/// Writes `value` as JSON (into a `Vec`, which does not fail).
+fn write_json<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) {
+    let _ = serde_json::to_writer(out, value);
 }
 
 /// An embeddings body: the client's own, with the upstream's model name.
@@ -180,6 +214,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_repeated_key_is_written_once_with_its_last_value() {
+        let body = br#"{ "model" : "a", "temperature":1, "model":"b", "temperature" : 0.5 }"#;
+        for fields in [scan::object_entries(body), raw_fields(body)] {
+            let out = pass_through(fields.expect("read"), "up", false, body.len());
+            assert_eq!(
+                std::str::from_utf8(&out).expect("UTF-8"),
+                r#"{"model":"up","temperature":0.5}"#
+            );
+        }
+    }
+
+    #[test]
     fn pass_through_body_swaps_the_model_and_asks_for_usage() {
         let body = |json: serde_json::Value, include_usage: bool| {
             let serde_json::Value::Object(map) = json else {
@@ -192,17 +238,25 @@ mod tests {
             })
             .expect("serialises");
             let out = serde_json::from_slice::<serde_json::Value>(&out).expect("valid JSON");
-            // The chat path writes from the client's bytes; it must agree with the parsed form.
+            // The chat path writes from the client's bytes, through the scan's reader or through
+            // `serde_json` where the reader gives up; both must agree with the parsed form, byte
+            // for byte with each other.
             let bytes = serde_json::to_vec(&map).expect("serialises");
-            let fields: BTreeMap<String, &RawValue> = serde_json::from_slice(&bytes).expect("raw");
-            let raw = serde_json::to_vec(&RawPassThroughBody {
-                fields: &fields,
-                model: "up/model",
+            let by_reader = pass_through(
+                scan::object_entries(&bytes).expect("read"),
+                "up/model",
                 include_usage,
-            })
-            .expect("serialises");
+                bytes.len(),
+            );
+            let by_serde_json = pass_through(
+                raw_fields(&bytes).expect("read"),
+                "up/model",
+                include_usage,
+                bytes.len(),
+            );
+            assert_eq!(by_reader, by_serde_json);
             assert_eq!(
-                serde_json::from_slice::<serde_json::Value>(&raw).expect("valid JSON"),
+                serde_json::from_slice::<serde_json::Value>(&by_reader).expect("valid JSON"),
                 out
             );
             out
