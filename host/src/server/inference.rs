@@ -73,7 +73,7 @@ impl Admission {
         ApiLogRow {
             route: Some(self.route_name.clone()),
             consumer: self.principal.consumer_name.clone(),
-            request_id: crate::telemetry::request_id::current().map(|id| id.to_string()),
+            request_id: crate::telemetry::request_id::current().map(|id| id.as_str().to_owned()),
             ..ApiLogRow::default()
         }
     }
@@ -366,12 +366,15 @@ fn shutting_down(gateway: &Gateway) -> GatewayError {
 /// A request between the choice of its model and its upstream's answer. Dropped before
 /// [`Waiting::answered`] means the client went away (hyper drops the handler when the connection
 /// closes) or the drain deadline cut it: it still gets its request-log row and access line, with
-/// what it waited.
+/// what it waited. The row is built only then: an answered request (nearly every one) built it
+/// for nothing.
 struct Waiting<'a> {
     gateway: &'a Gateway,
-    row: Option<ApiLogRow>,
-    /// The attempts sent so far, once the dispatch started.
-    attempts: Option<AttemptLog>,
+    admission: &'a Admission,
+    model: &'a ModelEntry,
+    /// The decision and the attempts sent so far, once the dispatch started.
+    dispatch: Option<(Option<String>, AttemptLog)>,
+    answered: bool,
     started: Instant,
     /// For the request metrics of an abandoned request.
     dialect: Dialect,
@@ -381,19 +384,18 @@ struct Waiting<'a> {
 impl<'a> Waiting<'a> {
     fn new(
         gateway: &'a Gateway,
-        admission: &Admission,
-        model: &ModelEntry,
+        admission: &'a Admission,
+        model: &'a ModelEntry,
         started: Instant,
         dialect: Dialect,
         operation: Operation,
     ) -> Self {
         Waiting {
             gateway,
-            row: Some(ApiLogRow {
-                model: model.config.id.clone(),
-                ..admission.log_row()
-            }),
-            attempts: None,
+            admission,
+            model,
+            dispatch: None,
+            answered: false,
             started,
             dialect,
             operation,
@@ -402,21 +404,31 @@ impl<'a> Waiting<'a> {
 
     /// The dispatch starts: an abandoned request's row gets its decision and attempts too.
     fn dispatching(&mut self, decision: Option<String>, attempts: &AttemptLog) {
-        if let Some(row) = &mut self.row {
-            row.decision = decision;
-        }
-        self.attempts = Some(attempts.clone());
+        self.dispatch = Some((decision, attempts.clone()));
     }
 
-    /// The upstream answered (or the attempts failed): the normal path logs the request.
-    fn answered(mut self) {
-        self.row = None;
+    /// The upstream answered (or the attempts failed): the normal path logs the request, with the
+    /// decision handed back.
+    fn answered(mut self) -> Option<String> {
+        self.answered = true;
+        self.dispatch.take().and_then(|(decision, _)| decision)
     }
 }
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        let Some(row) = self.row.take() else { return };
+        if self.answered {
+            return;
+        }
+        let (decision, attempts) = match self.dispatch.take() {
+            Some((decision, attempts)) => (decision, Some(attempts)),
+            None => (None, None),
+        };
+        let row = ApiLogRow {
+            model: self.model.config.id.clone(),
+            decision,
+            ..self.admission.log_row()
+        };
         let waited = self.started.elapsed();
         // 499: the client closed the request (nginx's code); 503 when the shutdown cut it.
         let closing = self.gateway.drain.is_closing();
@@ -453,7 +465,7 @@ impl Drop for Waiting<'_> {
             latency_ms = waited.as_millis() as u64,
             "{error}"
         );
-        let row = match &self.attempts {
+        let row = match &attempts {
             Some(attempts) => with_attempts(row, attempts),
             None => row,
         };
@@ -614,11 +626,7 @@ async fn serve_chat(
     if let Some(charge) = &mut charge {
         charge.track(&attempts);
     }
-    let base = ApiLogRow {
-        decision: serde_json::to_string(&plan.decision(&model)).ok(),
-        ..admission.log_row()
-    };
-    waiting.dispatching(base.decision.clone(), &attempts);
+    waiting.dispatching(Some(plan.decision(&model).to_json()), &attempts);
     let result = Box::pin(dispatch::chat(
         gateway.upstreams(),
         &gateway.routing,
@@ -630,7 +638,10 @@ async fn serve_chat(
         trace,
     ))
     .await;
-    waiting.answered();
+    let base = ApiLogRow {
+        decision: waiting.answered(),
+        ..admission.log_row()
+    };
     let public = inbound.request.model.as_str();
     match result {
         Ok(Answer::Complete {
@@ -1012,11 +1023,7 @@ async fn serve_embeddings(
     if let Some(charge) = &mut charge {
         charge.track(&attempts);
     }
-    let base = ApiLogRow {
-        decision: serde_json::to_string(&plan.decision(&model)).ok(),
-        ..admission.log_row()
-    };
-    waiting.dispatching(base.decision.clone(), &attempts);
+    waiting.dispatching(Some(plan.decision(&model).to_json()), &attempts);
     let result = dispatch::embeddings(
         gateway.upstreams(),
         &gateway.routing,
@@ -1027,7 +1034,10 @@ async fn serve_embeddings(
         trace,
     )
     .await;
-    waiting.answered();
+    let base = ApiLogRow {
+        decision: waiting.answered(),
+        ..admission.log_row()
+    };
     match result {
         Ok((body, attribution)) => {
             log_request(&model_name, &attribution, started, None);

@@ -33,7 +33,9 @@ impl RequestId {
         let random: [u8; 10] = rand::random();
         let id =
             uuid::Builder::from_unix_timestamp_millis(crate::clock::unix_ms(), &random).into_uuid();
-        RequestId(Arc::from(id.to_string()))
+        // Encoded in place: `to_string` went through `fmt` and a `String` copied into the `Arc`.
+        let mut text = uuid::Uuid::encode_buffer();
+        RequestId(Arc::from(&*id.hyphenated().encode_lower(&mut text)))
     }
 
     /// The client's id when it is 1..=[`MAX_LEN`] visible ASCII characters (no spaces or control
