@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use super::error_body;
 use super::response::{parse_stop_reason, stop_reason, usage_value};
 use crate::protocol::ir::{FinishReason, StreamEvent, Usage, effective_finish};
-use crate::protocol::{ids, sse, status_of_error, upstream_error_message};
+use crate::protocol::{ids, scan, sse, status_of_error, upstream_error_message};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Block {
@@ -87,11 +87,12 @@ impl StreamDecoder {
         if self.done || data.trim().is_empty() {
             return Vec::new();
         }
-        // Deltas, most of a stream, are read straight from the text, borrowing their strings;
-        // every other event, and a delta the typed view cannot take (a wrong type somewhere, a
-        // repeated key), goes through a `Value`, with the same result for every field read.
+        // Deltas, most of a stream, are read straight from the text by the scan's reader,
+        // borrowing their strings; every other event, and a delta the typed view cannot take (a
+        // wrong type somewhere, a repeated key) or the reader gives up on, goes through a
+        // `Value`, with the same result for every field read.
         if data.contains("content_block_delta")
-            && let Ok(view) = serde_json::from_str::<BlockDeltaView<'_>>(data)
+            && let Some(view) = scan::scan::<BlockDeltaView<'_>>(data.as_bytes())
             && view.kind == "content_block_delta"
         {
             let mut out = Vec::new();
@@ -574,6 +575,10 @@ mod tests {
         for data in refused_by_the_view {
             assert!(
                 serde_json::from_str::<BlockDeltaView<'_>>(data).is_err(),
+                "{data}"
+            );
+            assert!(
+                scan::scan::<BlockDeltaView<'_>>(data.as_bytes()).is_none(),
                 "{data}"
             );
             for event in decoder.decode("content_block_delta", data) {

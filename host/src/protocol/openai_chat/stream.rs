@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use super::response::{finish_str, parse_finish, parse_usage, usage_value};
 use crate::protocol::ir::{StreamEvent, effective_finish};
-use crate::protocol::{error_body_openai, ids, sse, status_of_error, upstream_error_message};
+use crate::protocol::{error_body_openai, ids, scan, sse, status_of_error, upstream_error_message};
 
 /// Turns an upstream's Chat Completions chunks into IR events.
 #[derive(Debug, Default)]
@@ -40,11 +40,12 @@ impl StreamDecoder {
             self.done = true;
             return vec![StreamEvent::Done];
         }
-        // The common shape is read straight from the text, borrowing its strings; anything the
-        // typed view cannot take (a wrong type somewhere, a duplicate key) goes the lenient way,
-        // through a `Value`, with the same result for every field the view reads.
+        // The common shape is read straight from the text by the scan's reader, borrowing its
+        // strings; anything the typed view cannot take (a wrong type somewhere, a duplicate key)
+        // or the reader gives up on goes the lenient way, through a `Value`, with the same result
+        // for every field the view reads.
         let typed = if data.starts_with('{') {
-            serde_json::from_str::<ChunkView<'_>>(data).ok()
+            scan::scan::<ChunkView<'_>>(data.as_bytes())
         } else {
             None
         };
