@@ -17,7 +17,7 @@ use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::{ProtocolError, scan};
+use super::ProtocolError;
 
 /// Parses a body, or says why it is not JSON.
 pub fn parse(bytes: &[u8]) -> Result<Value, ProtocolError> {
@@ -119,8 +119,7 @@ pub struct Lazy<'a> {
     /// The top-level object without the message list when that is an array; `Null` when the body
     /// is not an object.
     top: Value,
-    /// The entries of the message list as their JSON text, when it is an array.
-    list: Option<Vec<&'a str>>,
+    list: Option<Vec<&'a RawValue>>,
     list_key: &'static str,
     budget: Budget,
 }
@@ -134,18 +133,6 @@ impl<'a> Lazy<'a> {
         limits: Limits,
     ) -> Result<Self, ProtocolError> {
         let budget = Budget::new(limits);
-        if let Some((top, list)) = read_body(bytes, &budget, list_key) {
-            return Ok(Self {
-                top,
-                list,
-                list_key,
-                budget,
-            });
-        }
-        // The scan's reader gave up: on anything invalid or over a limit, and on the little it
-        // does not judge. `serde_json` reads it again, with a fresh budget, and its verdict and
-        // error message stand.
-        let budget = Budget::new(limits);
         let mut de = serde_json::Deserializer::from_slice(bytes);
         let read = BodySeed {
             budget: &budget,
@@ -156,7 +143,7 @@ impl<'a> Lazy<'a> {
         let (top, list) = read.map_err(|e| budget.error(e, list_key))?;
         Ok(Self {
             top,
-            list: list.map(|entries| entries.into_iter().map(RawValue::get).collect()),
+            list,
             list_key,
             budget,
         })
@@ -184,68 +171,18 @@ impl<'a> Lazy<'a> {
             return Ok(());
         };
         for (i, raw) in list.iter().enumerate() {
-            let seed = ValueSeed {
+            let mut de = serde_json::Deserializer::from_str(raw.get());
+            let entry = ValueSeed {
                 budget: &self.budget,
                 counted: false,
-            };
-            // The scan's reader first, as for the body; where it gives up, `serde_json` reads
-            // the entry again from the budget as it was before it.
-            let parts_left = self.budget.parts_left.get();
-            let entry = match scan::from_str_seed(raw, seed) {
-                Some(entry) => entry,
-                None => {
-                    self.budget.parts_left.set(parts_left);
-                    self.budget.exceeded.set(None);
-                    let mut de = serde_json::Deserializer::from_str(raw);
-                    ValueSeed {
-                        budget: &self.budget,
-                        counted: false,
-                    }
-                    .deserialize(&mut de)
-                    .and_then(|v| de.end().map(|()| v))
-                    .map_err(|e| self.budget.error(e, self.list_key))?
-                }
-            };
+            }
+            .deserialize(&mut de)
+            .and_then(|v| de.end().map(|()| v))
+            .map_err(|e| self.budget.error(e, self.list_key))?;
             f(i, &entry)?;
         }
         Ok(())
     }
-}
-
-/// [`BodySeed`]'s reading of a body by the scan's reader: the same values, the same charges to
-/// the budget, in the same order; `None` where the reader gives up (then the budget is spent
-/// in part, and `serde_json` must read the body again with a fresh one). The message list is
-/// `Some` only when it is an array.
-fn read_body<'a>(
-    bytes: &'a [u8],
-    budget: &Budget,
-    list_key: &str,
-) -> Option<(Value, Option<Vec<&'a str>>)> {
-    let mut top = Map::new();
-    let mut list = None;
-    let value = |reader: &mut scan::Reader<'a>| {
-        ValueSeed {
-            budget,
-            counted: true,
-        }
-        .deserialize(reader)
-    };
-    scan::read_object(bytes, |key, reader| {
-        if key == list_key {
-            // A repeated key replaces the earlier value, as in a parsed `Value`.
-            if reader.at_array()? {
-                list = Some(reader.array_texts(budget.limits.max_messages)?);
-                top.remove(key.as_ref());
-            } else {
-                list = None;
-                top.insert(key.into_owned(), value(reader)?);
-            }
-        } else {
-            top.insert(key.into_owned(), value(reader)?);
-        }
-        Ok::<(), scan::GiveUp>(())
-    })?;
-    Some((Value::Object(top), list))
 }
 
 /// Reads the body object: every field a value, except an array at `list_key`, kept unparsed.
@@ -776,56 +713,6 @@ mod tests {
         })
         .map_err(|e| e.to_string())?;
         Ok((l.top, entries))
-    }
-
-    /// The body as `serde_json` reads it through [`BodySeed`]: top level, list texts, parts left.
-    fn by_serde_json(body: &[u8], limits: Limits) -> Option<(Value, Option<Vec<String>>, usize)> {
-        let budget = Budget::new(limits);
-        let mut de = serde_json::Deserializer::from_slice(body);
-        let (top, list) = BodySeed {
-            budget: &budget,
-            list_key: "messages",
-        }
-        .deserialize(&mut de)
-        .and_then(|b| de.end().map(|()| b))
-        .ok()?;
-        let list = list.map(|l| l.iter().map(|r| r.get().to_owned()).collect());
-        Some((top, list, budget.parts_left.get()))
-    }
-
-    #[test]
-    fn the_readers_body_is_serde_jsons_to_the_budget() {
-        let limits = Limits {
-            max_messages: 3,
-            max_content_parts: 4,
-        };
-        for body in [
-            r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text"}]}, 2 ,"x"],"n":1.5}"#,
-            r#"{"messages":[1],"messages":"x","tools":[{"a":{}}]}"#,
-            r#"{"messages":{"a":[]},"messages":[1]}"#,
-            r#"{"messages":[1,2,3,4]}"#,
-            r#"{"a":[[[[[]]]]]}"#,
-            r#"{"a":[[[]]],"b":{}}"#,
-            r#"{"m\u00e9":"\ud83d\ude00","k":-0,"f":1e2}"#,
-            r#"{"messages":[1,]}"#,
-            r#"[{},{}]"#,
-            r#"{} x"#,
-        ] {
-            let theirs = by_serde_json(body.as_bytes(), limits);
-            let budget = Budget::new(limits);
-            match read_body(body.as_bytes(), &budget, "messages") {
-                Some((top, list)) => {
-                    let list = list.map(|l| l.iter().map(|t| (*t).to_owned()).collect());
-                    assert_eq!(Some((top, list, budget.parts_left.get())), theirs, "{body}");
-                }
-                // Giving up is always allowed; of the bodies above that serde_json reads, the
-                // reader leaves only what is not an object (`BodySeed` skips it unbuilt).
-                None => assert!(
-                    theirs.is_none() || !body.starts_with('{'),
-                    "{body}: given up although serde_json reads it"
-                ),
-            }
-        }
     }
 
     #[test]

@@ -20,7 +20,7 @@ use super::ir::Usage;
 
 mod reader;
 
-pub(crate) use reader::{GiveUp, Reader, from_str_seed, object_entries, read_object};
+pub(crate) use reader::object_entries;
 
 /// What a relayed answer tells the gateway.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

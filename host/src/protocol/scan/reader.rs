@@ -106,48 +106,12 @@ pub(crate) fn from_slice<'de, T: de::Deserialize<'de>>(bytes: &'de [u8]) -> Opti
 /// value, in order, a repeated key as often as it appears; or `None`, giving up as [`from_slice`]
 /// does. What a pass-through body is written from, without a tree of the client's.
 pub(crate) fn object_entries(bytes: &[u8]) -> Option<Vec<(Cow<'_, str>, &str)>> {
-    let mut out = Vec::with_capacity(8);
-    read_object(bytes, |key, value| {
-        out.push((key, value.value_text()?));
-        Ok(())
-    })?;
-    Some(out)
-}
-
-/// Reads the JSON object in `bytes` entry by entry: `entry` gets each key (decoded) and the reader
-/// at its value, which it must read whole (as a `serde::Deserializer`, or with
-/// [`Reader::array_texts`]); gives up as [`from_slice`] does, or where `entry` gives up.
-pub(crate) fn read_object<'de>(
-    bytes: &'de [u8],
-    mut entry: impl FnMut(Cow<'de, str>, &mut Reader<'de>) -> Result<(), GiveUp>,
-) -> Option<()> {
     let mut reader = Reader::new(bytes)?;
-    reader.open(b'{').ok()?;
-    let mut entries = Entries {
-        reader: &mut reader,
-        first: true,
-    };
-    while entries.more(b'}').ok()? {
-        let reader = &mut *entries.reader;
-        let key = reader.string().ok()?.into_cow();
-        reader.expect(b':').ok()?;
-        entry(key, reader).ok()?;
-    }
-    reader.close(b'}').ok()?;
-    reader.end(())
+    let entries = reader.entries().ok()?;
+    reader.end(entries)
 }
 
-/// Reads `text` as one JSON value through `seed`, or gives up.
-pub(crate) fn from_str_seed<'de, S: DeserializeSeed<'de>>(
-    text: &'de str,
-    seed: S,
-) -> Option<S::Value> {
-    let mut reader = Reader::new(text.as_bytes())?;
-    let value = seed.deserialize(&mut reader).ok()?;
-    reader.end(value)
-}
-
-pub(crate) struct Reader<'de> {
+struct Reader<'de> {
     text: &'de str,
     pos: usize,
     depth: u32,
@@ -157,15 +121,6 @@ pub(crate) struct Reader<'de> {
 enum Text<'de> {
     Borrowed(&'de str),
     Owned(String),
-}
-
-impl<'de> Text<'de> {
-    fn into_cow(self) -> Cow<'de, str> {
-        match self {
-            Text::Borrowed(s) => Cow::Borrowed(s),
-            Text::Owned(s) => Cow::Owned(s),
-        }
-    }
 }
 
 /// A number as `serde_json` visits it.
@@ -455,36 +410,28 @@ impl<'de> Reader<'de> {
         }
     }
 
-    /// Whether the value at the reader is an array.
-    pub(crate) fn at_array(&mut self) -> Result<bool, GiveUp> {
-        Ok(self.peek()? == b'[')
-    }
-
-    /// The array at the reader as the texts of its elements, each read whole; gives up past
-    /// `max` elements (before reading more of them).
-    pub(crate) fn array_texts(&mut self, max: usize) -> Result<Vec<&'de str>, GiveUp> {
-        self.open(b'[')?;
-        let mut out = Vec::new();
-        let mut elements = Entries {
+    /// The object at the next token as (key, value's text) entries.
+    fn entries(&mut self) -> Result<Vec<(Cow<'de, str>, &'de str)>, GiveUp> {
+        self.open(b'{')?;
+        let mut out = Vec::with_capacity(8);
+        let mut entries = Entries {
             reader: self,
             first: true,
         };
-        while elements.more(b']')? {
-            if out.len() == max {
-                return Err(GiveUp);
-            }
-            out.push(elements.reader.value_text()?);
+        while entries.more(b'}')? {
+            let reader = &mut *entries.reader;
+            let key = match reader.string()? {
+                Text::Borrowed(s) => Cow::Borrowed(s),
+                Text::Owned(s) => Cow::Owned(s),
+            };
+            reader.expect(b':')?;
+            reader.skip_whitespace();
+            let start = reader.pos;
+            reader.any(de::IgnoredAny)?;
+            out.push((key, reader.text.get(start..reader.pos).ok_or(GiveUp)?));
         }
-        self.close(b']')?;
+        self.close(b'}')?;
         Ok(out)
-    }
-
-    /// The value at the reader, read whole, as its text.
-    pub(crate) fn value_text(&mut self) -> Result<&'de str, GiveUp> {
-        self.skip_whitespace();
-        let start = self.pos;
-        self.any(de::IgnoredAny)?;
-        self.text.get(start..self.pos).ok_or(GiveUp)
     }
 
     fn map<V: Visitor<'de>>(&mut self, visitor: V) -> Result<V::Value, GiveUp> {
