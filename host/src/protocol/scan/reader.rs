@@ -4,16 +4,16 @@
 //! `serde_json` spent about 25 instructions a byte on a small relayed answer, mostly per token
 //! (its string path validates UTF-8 string by string, tracks positions for error messages, and
 //! builds an error value for every give-up). Here the body's UTF-8 is checked once, strings are
-//! borrowed slices of it found by a table lookup per byte, and an error is a unit: a scan never
-//! shows one (the full parse's error is what a caller sees).
+//! borrowed slices of it whose ends are found eight bytes at a time ([`plain_run`]), and an error
+//! is a unit: a scan never shows one (the full parse's error is what a caller sees).
 //!
 //! It may give up on more than `serde_json` rejects, never on less, and what it hands a visitor is
 //! what `serde_json` would hand it:
 //! - the grammar is RFC 8259's, as `serde_json` reads it: no trailing commas, no comments, no
 //!   leading zeros, whitespace only between tokens and at the ends;
 //! - strings decode the same escapes, surrogate pairs included; a lone surrogate gives up;
-//! - integers are visited as `u64` when not negative and `i64` when negative, as `serde_json`
-//!   visits them; an integer beyond both, and any number with a fraction or an exponent, is an
+//! - integers are visited as `u64` when not negative and `i64` when negative (`-0` as the float
+//!   -0.0), as `serde_json` visits them; an integer beyond both, and any number with a fraction or an exponent, is an
 //!   `f64` (the same correctly rounded value `serde_json` parses with `float_roundtrip`, which the
 //!   build enables); a number whose magnitude could overflow gives up;
 //! - nesting deeper than [`MAX_DEPTH`] gives up (`serde_json` rejects past 128).
