@@ -19,6 +19,20 @@ use serde_json::{Map, Value};
 
 use super::ProtocolError;
 
+/// Appends `value` to `out` as JSON. Writing to a `Vec` fails only for a value that is not JSON
+/// (a map with keys that are not strings), which no caller writes.
+pub fn push(out: &mut Vec<u8>, value: &(impl serde::Serialize + ?Sized)) {
+    let _ = serde_json::to_writer(out, value);
+}
+
+/// Appends `prefix`, then `value` as JSON: how a record with known keys is written, each key a
+/// constant in its prefix (`{"key":`, `,"key":`) instead of going through `serde_json`'s escaper
+/// as a derived `Serialize` sends it, on every call.
+pub fn push_entry(out: &mut Vec<u8>, prefix: &str, value: &(impl serde::Serialize + ?Sized)) {
+    out.extend_from_slice(prefix.as_bytes());
+    push(out, value);
+}
+
 /// Parses a body, or says why it is not JSON.
 pub fn parse(bytes: &[u8]) -> Result<Value, ProtocolError> {
     serde_json::from_slice(bytes).map_err(ProtocolError::NotJson)

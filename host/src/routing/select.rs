@@ -161,18 +161,14 @@ impl Decision<'_> {
     /// the constants they are (the derive sends each through `serde_json`'s escaper, on every
     /// request) and each value by `serde_json`.
     pub fn to_json(&self) -> String {
-        fn value(out: &mut Vec<u8>, key: &str, value: &impl serde::Serialize) {
-            out.extend_from_slice(key.as_bytes());
-            // Writing to a `Vec` fails only for a value that is not JSON, which none of these is.
-            let _ = serde_json::to_writer(&mut *out, value);
-        }
+        use crate::protocol::json::push_entry;
         let mut out =
             Vec::with_capacity(64 + self.order.iter().map(|o| o.len() + 3).sum::<usize>());
-        value(&mut out, "{\"strategy\":", &self.strategy);
-        value(&mut out, ",\"order\":", &self.order);
-        value(&mut out, ",\"seed\":", &self.seed);
+        push_entry(&mut out, "{\"strategy\":", self.strategy);
+        push_entry(&mut out, ",\"order\":", &self.order);
+        push_entry(&mut out, ",\"seed\":", &self.seed);
         if let Some(error) = self.strategy_error {
-            value(&mut out, ",\"strategy_error\":", &error);
+            push_entry(&mut out, ",\"strategy_error\":", error);
         }
         out.push(b'}');
         // Only JSON text went in.

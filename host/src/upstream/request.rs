@@ -7,7 +7,7 @@ use serde_json::value::RawValue;
 
 use crate::config::{ModelUpstream, ProviderKind};
 use crate::protocol::inbound::Inbound;
-use crate::protocol::{Dialect, scan};
+use crate::protocol::{Dialect, json, scan};
 
 use super::UpstreamAuth;
 
@@ -95,20 +95,24 @@ fn pass_through(
     fields.sort_by(|a, b| a.0.cmp(&b.0));
     let mut out = Vec::with_capacity(size + 256);
     out.push(b'{');
+    // An entry's start: the comma before all but the first, the key and the colon.
+    let start = |out: &mut Vec<u8>, key: &str| {
+        if out.len() > 1 {
+            out.push(b',');
+        }
+        json::push(out, key);
+        out.push(b':');
+    };
     let (mut has_model, mut has_options) = (false, false);
     for (i, (key, raw)) in fields.iter().enumerate() {
         if fields.get(i + 1).is_some_and(|(next, _)| next == key) {
             continue;
         }
-        if out.len() > 1 {
-            out.push(b',');
-        }
-        write_json(&mut out, key.as_ref());
-        out.push(b':');
+        start(&mut out, key);
         match key.as_ref() {
             "model" => {
                 has_model = true;
-                write_json(&mut out, model);
+                json::push(&mut out, model);
             }
             "stream_options" if include_usage => {
                 has_options = true;
@@ -116,32 +120,21 @@ fn pass_through(
                 let options =
                     serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(raw)
                         .unwrap_or_default();
-                write_json(&mut out, &WithIncludeUsage(&options));
+                json::push(&mut out, &WithIncludeUsage(&options));
             }
             _ => out.extend_from_slice(raw.as_bytes()),
         }
     }
     if !has_model {
-        if out.len() > 1 {
-            out.push(b',');
-        }
-        out.extend_from_slice(b"\"model\":");
-        write_json(&mut out, model);
+        start(&mut out, "model");
+        json::push(&mut out, model);
     }
     if include_usage && !has_options {
-        if out.len() > 1 {
-            out.push(b',');
-        }
-        out.extend_from_slice(b"\"stream_options\":");
-        write_json(&mut out, &WithIncludeUsage(&serde_json::Map::new()));
+        start(&mut out, "stream_options");
+        json::push(&mut out, &WithIncludeUsage(&serde_json::Map::new()));
     }
     out.push(b'}');
     out
-}
-
-/// Writes `value` as JSON (into a `Vec`, which does not fail).
-fn write_json<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) {
-    let _ = serde_json::to_writer(out, value);
 }
 
 /// An embeddings body: the client's own, with the upstream's model name.

@@ -181,11 +181,7 @@ pub fn summarize(records: &[AttemptRecord]) -> AttemptSummary {
 /// floats with non-finite ones as `null`). Derived, every key went through the string escaper
 /// and the struct machinery: 3,300 instructions for one record, on every request.
 fn attempts_json(records: &[AttemptRecord]) -> String {
-    fn value(out: &mut Vec<u8>, key: &str, value: &impl serde::Serialize) {
-        out.extend_from_slice(key.as_bytes());
-        // Writing to a `Vec` fails only for a value that is not JSON, which none of these is.
-        let _ = serde_json::to_writer(&mut *out, value);
-    }
+    use crate::protocol::json::push_entry as value;
     let mut out = Vec::with_capacity(records.len() * 320);
     out.push(b'[');
     for (i, r) in records.iter().enumerate() {
