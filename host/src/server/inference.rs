@@ -420,13 +420,10 @@ impl Drop for Waiting<'_> {
         if self.answered {
             return;
         }
-        let (decision, attempts) = match self.dispatch.take() {
-            Some((decision, attempts)) => (decision, Some(attempts)),
-            None => (None, None),
-        };
+        let (decision, attempts) = self.dispatch.take().unzip();
         let row = ApiLogRow {
             model: self.model.config.id.clone(),
-            decision,
+            decision: decision.flatten(),
             ..self.admission.log_row()
         };
         let waited = self.started.elapsed();

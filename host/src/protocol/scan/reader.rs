@@ -117,12 +117,6 @@ struct Reader<'de> {
     depth: u32,
 }
 
-/// A string as read: borrowed when it had no escapes.
-enum Text<'de> {
-    Borrowed(&'de str),
-    Owned(String),
-}
-
 /// A number as `serde_json` visits it.
 enum Number {
     Unsigned(u64),
@@ -197,8 +191,9 @@ impl<'de> Reader<'de> {
         Ok(())
     }
 
-    /// The string at the next token (its opening quote not yet consumed).
-    fn string(&mut self) -> Result<Text<'de>, GiveUp> {
+    /// The string at the next token (its opening quote not yet consumed), borrowed when it has
+    /// no escapes.
+    fn string(&mut self) -> Result<Cow<'de, str>, GiveUp> {
         self.expect(b'"')?;
         let bytes = self.bytes();
         let start = self.pos;
@@ -207,13 +202,13 @@ impl<'de> Reader<'de> {
             Some(b'"') => {
                 self.pos = pos + 1;
                 // Both ends are ASCII quotes, so the slice is on character boundaries.
-                self.text.get(start..pos).map(Text::Borrowed).ok_or(GiveUp)
+                self.text.get(start..pos).map(Cow::Borrowed).ok_or(GiveUp)
             }
             Some(b'\\') => {
                 let mut out = String::with_capacity(pos - start + 16);
                 out.push_str(self.text.get(start..pos).ok_or(GiveUp)?);
                 self.pos = pos;
-                self.escaped(out).map(Text::Owned)
+                self.escaped(out).map(Cow::Owned)
             }
             _ => Err(GiveUp),
         }
@@ -380,15 +375,21 @@ impl<'de> Reader<'de> {
             .ok_or(GiveUp)
     }
 
+    /// The string at the next token into `visitor`: borrowed when it can be, as `serde_json`
+    /// hands it.
+    fn str<V: Visitor<'de>>(&mut self, visitor: V) -> Result<V::Value, GiveUp> {
+        match self.string()? {
+            Cow::Borrowed(s) => visitor.visit_borrowed_str(s),
+            Cow::Owned(s) => visitor.visit_string(s),
+        }
+    }
+
     /// Reads the next value into `visitor` as `serde_json`'s `deserialize_any` would.
     fn any<V: Visitor<'de>>(&mut self, visitor: V) -> Result<V::Value, GiveUp> {
         match self.peek()? {
             b'{' => self.map(visitor),
             b'[' => self.seq(visitor),
-            b'"' => match self.string()? {
-                Text::Borrowed(s) => visitor.visit_borrowed_str(s),
-                Text::Owned(s) => visitor.visit_string(s),
-            },
+            b'"' => self.str(visitor),
             b't' => {
                 self.literal("true")?;
                 visitor.visit_bool(true)
@@ -420,10 +421,7 @@ impl<'de> Reader<'de> {
         };
         while entries.more(b'}')? {
             let reader = &mut *entries.reader;
-            let key = match reader.string()? {
-                Text::Borrowed(s) => Cow::Borrowed(s),
-                Text::Owned(s) => Cow::Owned(s),
-            };
+            let key = reader.string()?;
             reader.expect(b':')?;
             reader.skip_whitespace();
             let start = reader.pos;
@@ -471,10 +469,7 @@ impl<'de> de::Deserializer<'de> for &mut Reader<'de> {
     }
 
     fn deserialize_str<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, GiveUp> {
-        match self.string()? {
-            Text::Borrowed(s) => visitor.visit_borrowed_str(s),
-            Text::Owned(s) => visitor.visit_string(s),
-        }
+        self.str(visitor)
     }
 
     fn deserialize_string<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, GiveUp> {
