@@ -82,6 +82,11 @@ def test_chat_completions_stream(oai, model):
             finish = choice.finish_reason or finish
         usage = chunk.usage or usage
     assert text.startswith("Hello from")
+    # Every token arrived, in order: the streamed text is the whole answer's.
+    whole = oai.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Say hello."}]
+    )
+    assert text == whole.choices[0].message.content
     assert finish == "stop"
     assert usage is not None and usage.completion_tokens > 0
 
@@ -175,6 +180,11 @@ def test_messages_stream(claude, model):
     assert text.startswith("Hello from")
     assert final.stop_reason == "end_turn"
     assert final.content[0].text == text
+    # Every token arrived, in order: the streamed text is the whole answer's.
+    whole = claude.messages.create(
+        model=model, max_tokens=256, messages=[{"role": "user", "content": "Say hello."}]
+    )
+    assert text == whole.content[0].text
 
 
 @pytest.mark.parametrize("model", UPSTREAMS)

@@ -1069,12 +1069,12 @@ fn anthropic_stream_framing_is_exact() {
     let lines: Vec<&str> = text.split("\n\n").take(3).collect();
     assert_eq!(
         lines[0],
-        "event: message_start\ndata: {\"message\":{\"content\":[],\"id\":\"msg_abc\",\"model\":\"public\",\"role\":\"assistant\",\"stop_reason\":null,\"stop_sequence\":null,\"type\":\"message\",\"usage\":{\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":0,\"input_tokens\":0,\"output_tokens\":0}},\"type\":\"message_start\"}"
+        "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_abc\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"public\",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":0,\"output_tokens\":0,\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":0}}}"
     );
     assert_eq!(lines[1], "event: ping\ndata: {\"type\":\"ping\"}");
     assert_eq!(
         lines[2],
-        "event: content_block_start\ndata: {\"content_block\":{\"text\":\"\",\"type\":\"text\"},\"index\":0,\"type\":\"content_block_start\"}"
+        "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}"
     );
     let tail: Vec<&str> = text.trim_end().rsplit("\n\n").take(2).collect();
     assert_eq!(
@@ -1083,7 +1083,7 @@ fn anthropic_stream_framing_is_exact() {
     );
     assert_eq!(
         tail[1],
-        "event: message_delta\ndata: {\"delta\":{\"stop_reason\":\"tool_use\",\"stop_sequence\":null},\"type\":\"message_delta\",\"usage\":{\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":20,\"input_tokens\":30,\"output_tokens\":12}}"
+        "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"tool_use\",\"stop_sequence\":null},\"usage\":{\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":20,\"input_tokens\":30,\"output_tokens\":12}}"
     );
 }
 

@@ -12,10 +12,13 @@
 //! the stream stopped early); when the upstream connection fails, encode an
 //! [`ir::StreamEvent::Error`] yourself. After `Done` or `Error` both sides ignore further input.
 
+use std::borrow::Cow;
+
 use bytes::Bytes;
 use serde_json::{Value, json};
 
 pub mod anthropic_messages;
+mod delta_template;
 mod error;
 pub mod ids;
 pub mod inbound;
@@ -255,9 +258,25 @@ impl Decoder {
     /// one. Conservative: any other spelling is decoded, and Responses events always are.
     pub fn may_skip_after_first_token(&self, event: &str, data: &str) -> bool {
         match self {
-            Decoder::Chat(_) => openai_chat::is_plain_delta(data),
-            Decoder::Anthropic(_) => anthropic_messages::is_plain_delta(event, data),
+            Decoder::Chat(d) => {
+                d.templated_text(data).is_some() || openai_chat::is_plain_delta(data)
+            }
+            Decoder::Anthropic(d) => {
+                d.templated_text(event, data).is_some()
+                    || anthropic_messages::is_plain_delta(event, data)
+            }
             Decoder::Responses(_) => false,
+        }
+    }
+
+    /// The text of a text delta in the frame of one this decoder decoded, read without decoding
+    /// (see `delta_template`): decoding it would give that text alone, or nothing when it is
+    /// empty, and change no state. `None` for any other event.
+    pub fn templated_text<'a>(&self, event: &str, data: &'a str) -> Option<Cow<'a, str>> {
+        match self {
+            Decoder::Chat(d) => d.templated_text(data),
+            Decoder::Anthropic(d) => d.templated_text(event, data),
+            Decoder::Responses(_) => None,
         }
     }
 
@@ -289,6 +308,18 @@ impl Encoder {
             Encoder::Chat(e) => e.encode(event),
             Encoder::Responses(e) => e.encode(event),
             Encoder::Anthropic(e) => e.encode(event),
+        }
+    }
+
+    /// What [`Encoder::encode`] writes for a text delta, appended to `out`.
+    pub fn text_delta_into(&mut self, text: &str, out: &mut Vec<u8>) {
+        match self {
+            Encoder::Anthropic(e) => e.text_delta_into(text, out),
+            other => {
+                for frame in other.encode(&ir::StreamEvent::TextDelta(text.to_owned())) {
+                    out.extend_from_slice(&frame);
+                }
+            }
         }
     }
 

@@ -20,7 +20,7 @@ use super::ir::Usage;
 
 mod reader;
 
-pub(crate) use reader::object_entries;
+pub(crate) use reader::{object_entries, string_at};
 
 /// What a relayed answer tells the gateway.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -33,6 +33,11 @@ pub struct Summary {
 /// Scans `bytes` as `T`, or gives up; read by [`reader`], not `serde_json`, for speed.
 pub(crate) fn scan<'de, T: Deserialize<'de>>(bytes: &'de [u8]) -> Option<T> {
     reader::from_slice(bytes)
+}
+
+/// [`scan`] of a stream's event, whose text is UTF-8 already.
+pub(crate) fn scan_str<'de, T: Deserialize<'de>>(text: &'de str) -> Option<T> {
+    reader::from_str(text)
 }
 
 /// A token count as the full parse reads it: saturated to `u32`, zero when absent.

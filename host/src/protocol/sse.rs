@@ -188,48 +188,6 @@ pub fn parse(text: &str) -> Vec<SseEvent> {
     out
 }
 
-/// Frames that are ready together, joined into one chunk. hyper writes every chunk of a body with
-/// its own syscall; relaying a fast upstream's burst one frame at a time cost ~20 writes per
-/// stream. A single frame is passed on without a copy.
-#[derive(Debug, Default)]
-pub struct FrameBatch {
-    first: Option<Bytes>,
-    joined: Vec<u8>,
-}
-
-impl FrameBatch {
-    pub fn push(&mut self, frame: Bytes) {
-        if self.joined.is_empty() {
-            match self.first.take() {
-                None => {
-                    self.first = Some(frame);
-                    return;
-                }
-                Some(first) => self.joined.extend_from_slice(&first),
-            }
-        }
-        self.joined.extend_from_slice(&frame);
-    }
-
-    /// Bytes gathered so far.
-    pub fn len(&self) -> usize {
-        self.first.as_ref().map_or(self.joined.len(), Bytes::len)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// The gathered frames as one chunk; `None` when there were none.
-    pub fn take(&mut self) -> Option<Bytes> {
-        if self.joined.is_empty() {
-            self.first.take()
-        } else {
-            Some(Bytes::from(std::mem::take(&mut self.joined)))
-        }
-    }
-}
-
 /// Reads SSE events from bytes as they arrive, per the HTML spec: lines end in LF, CRLF or CR
 /// (also when split across chunks), a leading BOM is skipped, comments and unknown fields
 /// (`id`, `retry`) are ignored, `data` lines are joined with LF, an event without `data` is not
@@ -648,25 +606,5 @@ mod tests {
                 Err(ReadError::TooLarge(EventTooLarge { limit: 32 }))
             ]
         );
-    }
-
-    #[test]
-    fn a_batch_joins_frames_and_passes_one_through() {
-        let mut batch = FrameBatch::default();
-        assert!(batch.is_empty());
-        assert_eq!(batch.take(), None);
-        let one = Bytes::from_static(b"data: 1\n\n");
-        batch.push(one.clone());
-        assert_eq!(batch.len(), one.len());
-        assert_eq!(batch.take(), Some(one));
-        for f in ["data: 1\n\n", "data: 2\n\n", "data: 3\n\n"] {
-            batch.push(Bytes::from(f));
-        }
-        assert_eq!(batch.len(), 27);
-        assert_eq!(
-            batch.take().as_deref(),
-            Some(&b"data: 1\n\ndata: 2\n\ndata: 3\n\n"[..])
-        );
-        assert!(batch.is_empty());
     }
 }

@@ -7,7 +7,6 @@
 //! back. After it, splicing a second provider into the stream would duplicate role events and
 //! corrupt usage, so a failure ends the stream with an error event in the client's dialect.
 
-use std::collections::VecDeque;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Instant;
@@ -55,7 +54,10 @@ pub(super) struct StreamRelay<S: AttemptSink> {
     /// `None` when the client speaks the upstream's dialect (pass-through).
     encoder: Option<Encoder>,
     client_dialect: Dialect,
-    pending: VecDeque<Bytes>,
+    /// The client's frames, written here as they are made and sent as one chunk of the body:
+    /// hyper writes every chunk with its own syscall, and a frame made as a buffer of its own
+    /// cost two allocations and a copy into the chunk.
+    pending: Vec<u8>,
     /// The upstream's model name to the public one, in every verbatim frame.
     rename: ModelRename,
     public_model: String,
@@ -110,7 +112,7 @@ impl<S: AttemptSink> StreamRelay<S> {
                     .encoder_for(&inbound.request.model, &inbound.request)
             }),
             client_dialect: inbound.dialect,
-            pending: VecDeque::new(),
+            pending: Vec::new(),
             rename,
             public_model: inbound.request.model.clone(),
             started,
@@ -147,15 +149,12 @@ impl<S: AttemptSink> StreamRelay<S> {
         } else {
             (total_at, AttemptError::TotalTimeout(self.deadlines.total))
         };
-        let mut held = 0;
         let failure = loop {
             let next = tokio::time::timeout_at(deadline.into(), self.upstream.next()).await;
             match next {
                 Err(_) => break expired,
                 Ok(Some(Ok(event))) => {
-                    let before = self.pending.len();
                     self.relay(event);
-                    held += self.pending.range(before..).map(Bytes::len).sum::<usize>();
                     if let Some(message) = self.upstream_error.take() {
                         break AttemptError::StreamFailed(message);
                     }
@@ -163,7 +162,7 @@ impl<S: AttemptSink> StreamRelay<S> {
                         self.commit();
                         return Ok(());
                     }
-                    if held > held_limit {
+                    if self.pending.len() > held_limit {
                         break AttemptError::ResponseTooLarge {
                             what: "the frames before the first content (upstream.max_body_mib)",
                             limit: held_limit,
@@ -214,15 +213,25 @@ impl<S: AttemptSink> StreamRelay<S> {
 
     /// Queues what one upstream event becomes for the client.
     pub(super) fn relay(&mut self, event: SseEvent) {
-        if self.encoder.is_none()
-            && self.first_token.is_some()
-            && self
-                .decoder
-                .may_skip_after_first_token(&event.event, &event.data)
-        {
-            let frame = self.verbatim(event);
-            self.pending.push_back(frame);
-            return;
+        // After the first token a text delta matters to accounting no more: relayed as it came,
+        // or, translated, straight from its text to the client's frame.
+        if self.first_token.is_some() {
+            match &mut self.encoder {
+                None if self
+                    .decoder
+                    .may_skip_after_first_token(&event.event, &event.data) =>
+                {
+                    self.write_verbatim(&event);
+                    return;
+                }
+                Some(encoder) => {
+                    if let Some(text) = self.decoder.templated_text(&event.event, &event.data) {
+                        encoder.text_delta_into(&text, &mut self.pending);
+                        return;
+                    }
+                }
+                None => {}
+            }
         }
         let mut decoded = self.decoder.decode(&event.event, &event.data);
         let mut event = event;
@@ -236,23 +245,35 @@ impl<S: AttemptSink> StreamRelay<S> {
         }
         self.account(&decoded);
         match &mut self.encoder {
-            Some(encoder) => self.pending.extend(encoder.encode_all(&decoded)),
-            None => self.pending.push_back(self.verbatim(event)),
+            Some(encoder) => {
+                for event in &decoded {
+                    for frame in encoder.encode(event) {
+                        self.pending.extend_from_slice(&frame);
+                    }
+                }
+            }
+            None => self.write_verbatim(&event),
         }
     }
 
-    /// The upstream's own frame, with the public model name, written in one buffer.
-    fn verbatim(&self, event: SseEvent) -> Bytes {
-        let mut out = Vec::with_capacity(event.data.len() + event.event.len() + 48);
+    /// Queues the upstream's own frame, with the public model name.
+    fn write_verbatim(&mut self, event: &SseEvent) {
+        let out = &mut self.pending;
+        out.reserve(event.data.len() + event.event.len() + 48);
         if !event.event.is_empty() && event.event != "message" {
             out.extend_from_slice(b"event: ");
             out.extend_from_slice(event.event.as_bytes());
             out.push(b'\n');
         }
         out.extend_from_slice(b"data: ");
-        self.rename.apply_into(event.data.as_bytes(), &mut out);
+        self.rename.apply_into(event.data.as_bytes(), out);
         out.extend_from_slice(b"\n\n");
-        Bytes::from(out)
+    }
+
+    fn queue(&mut self, frames: Vec<Bytes>) {
+        for frame in frames {
+            self.pending.extend_from_slice(&frame);
+        }
     }
 
     fn account(&mut self, events: &[StreamEvent]) {
@@ -302,21 +323,21 @@ impl<S: AttemptSink> StreamRelay<S> {
         self.account(&closing);
         if let Some(encoder) = &mut self.encoder {
             let frames = encoder.encode_all(&closing);
-            self.pending.extend(frames);
+            self.queue(frames);
         } else if let Some(StreamEvent::Error { message, .. }) = closing
             .iter()
             .find(|e| matches!(e, StreamEvent::Error { .. }))
         {
             // Cut off without its terminal event: say so in the client's dialect.
             let frames = self.error_frames(502, message.clone());
-            self.pending.extend(frames);
+            self.queue(frames);
         }
     }
 
     /// Ends the stream with `failure` told to the client in its dialect.
     fn fail(&mut self, status: u16, message: String, failure: AttemptError) {
         let frames = self.error_frames(status, message);
-        self.pending.extend(frames);
+        self.queue(frames);
         self.finish(Some(failure));
     }
 
@@ -370,15 +391,11 @@ impl<S: AttemptSink> Stream for StreamRelay<S> {
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
         // Frames that are ready together leave as one chunk (up to BATCH_BYTES); nothing waits
         // to fill a batch, so a slow upstream's tokens still go out one by one.
-        let mut batch = sse::FrameBatch::default();
         loop {
-            while let Some(frame) = self.pending.pop_front() {
-                batch.push(frame);
-            }
             if self.finished {
                 break;
             }
-            if batch.len() >= BATCH_BYTES {
+            if self.pending.len() >= BATCH_BYTES {
                 // An upstream that always has more ready never lets the timers below be polled.
                 if Instant::now() >= self.started + self.deadlines.total {
                     let e = AttemptError::TotalTimeout(self.deadlines.total);
@@ -419,10 +436,15 @@ impl<S: AttemptSink> Stream for StreamRelay<S> {
                 }
             }
         }
-        match batch.take() {
-            Some(bytes) => Poll::Ready(Some(bytes)),
-            None if self.finished => Poll::Ready(None),
-            None => Poll::Pending,
+        if !self.pending.is_empty() {
+            // Copied out, so the buffer keeps its capacity for the next chunk.
+            let chunk = Bytes::copy_from_slice(&self.pending);
+            self.pending.clear();
+            Poll::Ready(Some(chunk))
+        } else if self.finished {
+            Poll::Ready(None)
+        } else {
+            Poll::Pending
         }
     }
 }

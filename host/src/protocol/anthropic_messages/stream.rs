@@ -6,12 +6,13 @@ use std::sync::LazyLock;
 use bytes::Bytes;
 use memchr::memmem::Finder;
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::error_body;
 use super::response::{parse_stop_reason, stop_reason, usage_value};
+use crate::protocol::delta_template::DeltaTemplate;
 use crate::protocol::ir::{FinishReason, StreamEvent, Usage, effective_finish};
-use crate::protocol::{ids, scan, sse, status_of_error, upstream_error_message};
+use crate::protocol::{ids, json, scan, sse, status_of_error, upstream_error_message};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Block {
@@ -34,7 +35,12 @@ pub struct StreamDecoder {
     cache_creation: u32,
     finished: bool,
     done: bool,
+    /// The frame of this stream's text deltas, once one was decoded.
+    template: DeltaTemplate,
 }
+
+/// The key that opens a text delta's text, as compact JSON writes it.
+const TEXT_KEY: &str = r#""text":""#;
 
 impl StreamDecoder {
     pub fn new() -> Self {
@@ -87,16 +93,32 @@ impl StreamDecoder {
         if self.done || data.trim().is_empty() {
             return Vec::new();
         }
-        // Deltas, most of a stream, are read straight from the text by the scan's reader,
-        // borrowing their strings; every other event, and a delta the typed view cannot take (a
-        // wrong type somewhere, a repeated key) or the reader gives up on, goes through a
-        // `Value`, with the same result for every field read.
+        // Most of a stream: a text delta in the frame of one decoded before.
+        if let Some(text) = self.template.text(data) {
+            return if text.is_empty() {
+                Vec::new()
+            } else {
+                vec![StreamEvent::TextDelta(text.into_owned())]
+            };
+        }
+        // Deltas are read straight from the text by the scan's reader, borrowing their strings;
+        // every other event, and a delta the typed view cannot take (a wrong type somewhere, a
+        // repeated key) or the reader gives up on, goes through a `Value`, with the same result
+        // for every field read.
         if data.contains("content_block_delta")
-            && let Some(view) = scan::scan::<BlockDeltaView<'_>>(data.as_bytes())
+            && let Some(view) = scan::scan_str::<BlockDeltaView<'_>>(data)
             && view.kind == "content_block_delta"
         {
             let mut out = Vec::new();
             self.block_delta(view.index.unwrap_or(0), &view.delta, &mut out);
+            // A text delta's event reads the same whatever the decoder's state, so its frame
+            // reads the stream's next ones (see `DeltaTemplate`).
+            if let [StreamEvent::TextDelta(text)] = out.as_slice()
+                && view.delta.kind.as_deref() == Some("text_delta")
+                && is_plain_delta(event, data)
+            {
+                self.template.learn(data, TEXT_KEY, text);
+            }
             return out;
         }
         let v: Value = match serde_json::from_str(data) {
@@ -198,6 +220,16 @@ impl StreamDecoder {
             _ => {}
         }
         out
+    }
+
+    /// The text of `data` when it is a text delta in the frame of one this decoder decoded,
+    /// read without decoding: what [`StreamDecoder::decode`] would make of it is that text
+    /// alone (nothing when it is empty). Such an event is a plain delta (see [`is_plain_delta`]).
+    pub fn templated_text<'a>(&self, event: &str, data: &'a str) -> Option<Cow<'a, str>> {
+        if self.done || event != "content_block_delta" {
+            return None;
+        }
+        self.template.text(data)
     }
 
     /// A `content_block_delta`'s delta at upstream block `index`.
@@ -307,6 +339,18 @@ impl<'a> DeltaView<'a> {
     }
 }
 
+/// The frames that never change.
+const PING: &[u8] = b"event: ping\ndata: {\"type\":\"ping\"}\n\n";
+const MESSAGE_STOP: &[u8] = b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+
+/// What a `content_block_start` opens.
+#[derive(Debug, Clone, Copy)]
+enum BlockStart<'a> {
+    Text,
+    Thinking,
+    ToolUse { id: &'a str, name: &'a str },
+}
+
 /// The delta of a `content_block_delta`, most of what a stream is.
 #[derive(Debug, Clone, Copy)]
 enum Delta<'a> {
@@ -358,80 +402,109 @@ impl StreamEncoder {
             return;
         }
         self.started = true;
-        // The SDKs build their message snapshot from this object, so it is complete.
-        out.push(sse::event_frame(
-            "message_start",
-            &json!({
-                "type": "message_start",
-                "message": {
-                    "id": ids::with_prefix(id, "msg_"),
-                    "type": "message",
-                    "role": "assistant",
-                    "model": self.public_model,
-                    "content": [],
-                    "stop_reason": null,
-                    "stop_sequence": null,
-                    "usage": {
-                        "input_tokens": self.input_tokens_hint,
-                        "output_tokens": 0,
-                        "cache_creation_input_tokens": 0,
-                        "cache_read_input_tokens": 0,
-                    },
-                },
-            }),
+        out.push(Self::message_start(
+            &ids::with_prefix(id, "msg_"),
+            &self.public_model,
+            self.input_tokens_hint,
         ));
-        out.push(sse::event_frame("ping", &json!({"type": "ping"})));
+        out.push(Bytes::from_static(PING));
+    }
+
+    /// The `message_start` frame. The SDKs build their message snapshot from this object, so it
+    /// is complete; written in the order Anthropic writes it, the constant parts as text.
+    fn message_start(id: &str, model: &str, input_tokens: u32) -> Bytes {
+        sse::FrameWriter::event("message_start")
+            .json(r#"{"type":"message_start","message":{"id":"#)
+            .value(id)
+            .json(r#","type":"message","role":"assistant","model":"#)
+            .value(model)
+            .json(r#","content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":"#)
+            .value(&input_tokens)
+            .json(r#","output_tokens":0,"cache_creation_input_tokens":0,"cache_read_input_tokens":0}}}"#)
+            .finish()
     }
 
     fn close_block(&mut self, out: &mut Vec<Bytes>) {
         if let Some((index, _)) = self.open.take() {
-            out.push(sse::event_frame(
-                "content_block_stop",
-                &json!({"type": "content_block_stop", "index": index}),
-            ));
+            out.push(
+                sse::FrameWriter::event("content_block_stop")
+                    .json(r#"{"type":"content_block_stop","index":"#)
+                    .value(&index)
+                    .json("}")
+                    .finish(),
+            );
         }
     }
 
-    fn open_block(&mut self, kind: Open, block: Value, out: &mut Vec<Bytes>) -> u32 {
+    fn open_block(&mut self, kind: Open, block: BlockStart<'_>, out: &mut Vec<Bytes>) -> u32 {
         self.close_block(out);
         let index = self.next_block;
         self.next_block += 1;
         self.open = Some((index, kind));
-        out.push(sse::event_frame(
-            "content_block_start",
-            &json!({"type": "content_block_start", "index": index, "content_block": block}),
-        ));
+        let frame = sse::FrameWriter::event("content_block_start")
+            .json(r#"{"type":"content_block_start","index":"#)
+            .value(&index)
+            .json(r#","content_block":"#);
+        let frame = match block {
+            BlockStart::Text => frame.json(r#"{"type":"text","text":""}"#),
+            BlockStart::Thinking => {
+                frame.json(r#"{"type":"thinking","thinking":"","signature":""}"#)
+            }
+            BlockStart::ToolUse { id, name } => frame
+                .json(r#"{"type":"tool_use","id":"#)
+                .value(id)
+                .json(r#","name":"#)
+                .value(name)
+                .json(r#","input":{}}"#),
+        };
+        out.push(frame.json("}").finish());
         index
     }
 
     /// The block of `kind`, opened (as `block()`) if it is not the current one.
-    fn ensure_block(
-        &mut self,
-        kind: Open,
-        block: impl FnOnce() -> Value,
-        out: &mut Vec<Bytes>,
-    ) -> u32 {
+    fn ensure_block(&mut self, kind: Open, block: BlockStart<'_>, out: &mut Vec<Bytes>) -> u32 {
         match self.open {
             Some((index, open)) if open == kind => index,
-            _ => self.open_block(kind, block(), out),
+            _ => self.open_block(kind, block, out),
         }
     }
 
     fn delta(index: u32, delta: Delta<'_>) -> Bytes {
+        let mut out = Vec::with_capacity(128);
+        Self::delta_into(index, delta, &mut out);
+        Bytes::from(out)
+    }
+
+    /// The `content_block_delta` frame, appended to `out`.
+    fn delta_into(index: u32, delta: Delta<'_>, out: &mut Vec<u8>) {
         let (head, text) = match delta {
             Delta::Text(t) => (r#"{"type":"text_delta","text":"#, t),
             Delta::Thinking(t) => (r#"{"type":"thinking_delta","thinking":"#, t),
             Delta::Signature(t) => (r#"{"type":"signature_delta","signature":"#, t),
             Delta::InputJson(t) => (r#"{"type":"input_json_delta","partial_json":"#, t),
         };
-        sse::FrameWriter::event("content_block_delta")
-            .json(r#"{"type":"content_block_delta","index":"#)
-            .value(&index)
-            .json(r#","delta":"#)
-            .json(head)
-            .value(text)
-            .json("}}")
-            .finish()
+        out.extend_from_slice(b"event: content_block_delta\ndata: ");
+        out.extend_from_slice(br#"{"type":"content_block_delta","index":"#);
+        json::push(out, &index);
+        out.extend_from_slice(br#","delta":"#);
+        out.extend_from_slice(head.as_bytes());
+        json::push(out, text);
+        out.extend_from_slice(b"}}\n\n");
+    }
+
+    /// What [`StreamEncoder::encode`] writes for a text delta, appended to `out` (a relay's
+    /// frames of a stream's text, without an event or a frame of their own).
+    pub fn text_delta_into(&mut self, text: &str, out: &mut Vec<u8>) {
+        if self.closed || text.is_empty() {
+            return;
+        }
+        let mut opened = Vec::new();
+        self.start("", &mut opened);
+        let index = self.ensure_block(Open::Text, BlockStart::Text, &mut opened);
+        for frame in opened {
+            out.extend_from_slice(&frame);
+        }
+        Self::delta_into(index, Delta::Text(text), out);
     }
 
     /// The client frames for one IR event; nothing after `Done` or `Error`.
@@ -445,18 +518,13 @@ impl StreamEncoder {
             StreamEvent::TextDelta(t) if t.is_empty() => {}
             StreamEvent::TextDelta(t) => {
                 self.start("", &mut out);
-                let i =
-                    self.ensure_block(Open::Text, || json!({"type": "text", "text": ""}), &mut out);
+                let i = self.ensure_block(Open::Text, BlockStart::Text, &mut out);
                 out.push(Self::delta(i, Delta::Text(t)));
             }
             StreamEvent::ReasoningDelta(t) if t.is_empty() => {}
             StreamEvent::ReasoningDelta(t) => {
                 self.start("", &mut out);
-                let i = self.ensure_block(
-                    Open::Thinking,
-                    || json!({"type": "thinking", "thinking": "", "signature": ""}),
-                    &mut out,
-                );
+                let i = self.ensure_block(Open::Thinking, BlockStart::Thinking, &mut out);
                 out.push(Self::delta(i, Delta::Thinking(t)));
             }
             StreamEvent::ReasoningSignature(s) => {
@@ -468,7 +536,10 @@ impl StreamEncoder {
                 self.start("", &mut out);
                 let block = self.open_block(
                     Open::Tool(*index),
-                    json!({"type": "tool_use", "id": ids::tool_use_id(id), "name": name, "input": {}}),
+                    BlockStart::ToolUse {
+                        id: &ids::tool_use_id(id),
+                        name,
+                    },
                     &mut out,
                 );
                 self.tool_blocks.push((*index, block));
@@ -497,24 +568,18 @@ impl StreamEncoder {
                 let (reason, stop_sequence) =
                     self.finish.take().unwrap_or((FinishReason::Stop, None));
                 let reason = effective_finish(&reason, !self.tool_blocks.is_empty());
-                let usage = self
-                    .usage
-                    .map_or_else(|| json!({"output_tokens": 0}), |u| usage_value(&u));
-                out.push(sse::event_frame(
-                    "message_delta",
-                    &json!({
-                        "type": "message_delta",
-                        "delta": {
-                            "stop_reason": stop_reason(&reason, stop_sequence.as_deref()),
-                            "stop_sequence": stop_sequence,
-                        },
-                        "usage": usage,
-                    }),
-                ));
-                out.push(sse::event_frame(
-                    "message_stop",
-                    &json!({"type": "message_stop"}),
-                ));
+                let frame = sse::FrameWriter::event("message_delta")
+                    .json(r#"{"type":"message_delta","delta":{"stop_reason":"#)
+                    .value(stop_reason(&reason, stop_sequence.as_deref()))
+                    .json(r#","stop_sequence":"#)
+                    .value(&stop_sequence)
+                    .json(r#"},"usage":"#);
+                let frame = match &self.usage {
+                    Some(u) => frame.value(&usage_value(u)),
+                    None => frame.json(r#"{"output_tokens":0}"#),
+                };
+                out.push(frame.json("}").finish());
+                out.push(Bytes::from_static(MESSAGE_STOP));
             }
             StreamEvent::Error { status, message } => {
                 self.closed = true;
@@ -540,7 +605,178 @@ pub fn is_plain_delta(event: &str, data: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
+
+    /// The frames written as text say what the `Value`s they replaced said.
+    #[test]
+    fn written_frames_match_their_value_form() {
+        let mut encoder = StreamEncoder::new("pub \"model\"").input_tokens_hint(12);
+        let events = [
+            StreamEvent::Start {
+                id: "msg_1".into(),
+                model: "up".into(),
+            },
+            StreamEvent::ReasoningDelta("hm".into()),
+            StreamEvent::TextDelta("Hi".into()),
+            StreamEvent::ToolCallStart {
+                index: 0,
+                id: "toolu_1".into(),
+                name: "get \"x\"".into(),
+            },
+            StreamEvent::Finish {
+                reason: FinishReason::Stop,
+                stop_sequence: Some("END".into()),
+            },
+            StreamEvent::Usage(Usage {
+                input_tokens: 30,
+                output_tokens: 5,
+                cached_input_tokens: 10,
+                cache_creation_input_tokens: 2,
+                reasoning_tokens: 0,
+            }),
+            StreamEvent::Done,
+        ];
+        let mut written = Vec::new();
+        for event in &events {
+            for frame in encoder.encode(event) {
+                for e in sse::parse(std::str::from_utf8(&frame).unwrap()) {
+                    let data: Value = serde_json::from_str(&e.data).unwrap();
+                    written.push((e.event, data));
+                }
+            }
+        }
+        let block_start = |index: u32, block: Value| json!({"type": "content_block_start", "index": index, "content_block": block});
+        let block_stop = |index: u32| json!({"type": "content_block_stop", "index": index});
+        let expected = [
+            (
+                "message_start",
+                json!({
+                    "type": "message_start",
+                    "message": {
+                        "id": "msg_1",
+                        "type": "message",
+                        "role": "assistant",
+                        "model": "pub \"model\"",
+                        "content": [],
+                        "stop_reason": null,
+                        "stop_sequence": null,
+                        "usage": {
+                            "input_tokens": 12,
+                            "output_tokens": 0,
+                            "cache_creation_input_tokens": 0,
+                            "cache_read_input_tokens": 0,
+                        },
+                    },
+                }),
+            ),
+            ("ping", json!({"type": "ping"})),
+            (
+                "content_block_start",
+                block_start(
+                    0,
+                    json!({"type": "thinking", "thinking": "", "signature": ""}),
+                ),
+            ),
+            (
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": 0,
+                       "delta": {"type": "thinking_delta", "thinking": "hm"}}),
+            ),
+            ("content_block_stop", block_stop(0)),
+            (
+                "content_block_start",
+                block_start(1, json!({"type": "text", "text": ""})),
+            ),
+            (
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": 1,
+                       "delta": {"type": "text_delta", "text": "Hi"}}),
+            ),
+            ("content_block_stop", block_stop(1)),
+            (
+                "content_block_start",
+                block_start(
+                    2,
+                    json!({"type": "tool_use", "id": "toolu_1", "name": "get \"x\"", "input": {}}),
+                ),
+            ),
+            ("content_block_stop", block_stop(2)),
+            (
+                "message_delta",
+                json!({
+                    "type": "message_delta",
+                    // A stream that called a tool stopped for it, whatever the upstream said.
+                    "delta": {"stop_reason": "tool_use", "stop_sequence": "END"},
+                    "usage": {"input_tokens": 18, "output_tokens": 5,
+                              "cache_creation_input_tokens": 2, "cache_read_input_tokens": 10},
+                }),
+            ),
+            ("message_stop", json!({"type": "message_stop"})),
+        ];
+        let expected: Vec<(String, Value)> = expected
+            .into_iter()
+            .map(|(e, v)| (e.to_owned(), v))
+            .collect();
+        assert_eq!(written, expected);
+
+        // Without usage from the upstream, and without a finish reason.
+        let mut encoder = StreamEncoder::new("m");
+        let mut last = Vec::new();
+        for event in [StreamEvent::TextDelta("x".into()), StreamEvent::Done] {
+            last = encoder.encode(&event);
+        }
+        let delta = sse::parse(std::str::from_utf8(&last[1]).unwrap());
+        assert_eq!(
+            serde_json::from_str::<Value>(&delta[0].data).unwrap(),
+            json!({"type": "message_delta",
+                   "delta": {"stop_reason": "end_turn", "stop_sequence": null},
+                   "usage": {"output_tokens": 0}})
+        );
+    }
+
+    /// A stream's text deltas after the first are read by their frame, to the same events as
+    /// the full decoding, whatever their text; and a pass-through relay may skip them.
+    #[test]
+    fn text_deltas_in_a_learned_frame_decode_as_in_full() {
+        let delta = |text: &str| {
+            format!(
+                r#"{{"type":"content_block_delta","index":0,"delta":{{"type":"text_delta","text":{}}}}}"#,
+                serde_json::to_string(text).unwrap()
+            )
+        };
+        let mut templated = StreamDecoder::new();
+        for text in ["Hello", " world", "", "a \"q\" \\ \n \u{e9}", "z"] {
+            let mut full = StreamDecoder::new();
+            let data = delta(text);
+            let expected = full.decode("content_block_delta", &data);
+            assert_eq!(
+                templated.decode("content_block_delta", &data),
+                expected,
+                "{text:?}"
+            );
+        }
+        assert_eq!(
+            templated
+                .templated_text("content_block_delta", &delta("again"))
+                .as_deref(),
+            Some("again")
+        );
+        assert!(
+            templated
+                .templated_text("message_delta", &delta("again"))
+                .is_none()
+        );
+        assert!(
+            templated
+                .templated_text(
+                    "content_block_delta",
+                    &delta("x").replace("\"index\":0", "\"index\":1")
+                )
+                .is_none()
+        );
+    }
 
     /// The typed view reads every delta it accepts as the lenient one does, and what it refuses
     /// still decodes the lenient way.

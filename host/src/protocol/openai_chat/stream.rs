@@ -9,6 +9,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::response::{finish_str, parse_finish, parse_usage, usage_value};
+use crate::protocol::delta_template::DeltaTemplate;
 use crate::protocol::ir::{StreamEvent, effective_finish};
 use crate::protocol::{error_body_openai, ids, scan, sse, status_of_error, upstream_error_message};
 
@@ -20,7 +21,12 @@ pub struct StreamDecoder {
     tools: Vec<(u64, String)>,
     finished: bool,
     done: bool,
+    /// The frame of this stream's content deltas, once one was decoded.
+    template: DeltaTemplate,
 }
+
+/// The key that opens a content delta's text, as compact JSON writes it.
+const CONTENT_KEY: &str = r#""content":""#;
 
 impl StreamDecoder {
     pub fn new() -> Self {
@@ -36,6 +42,14 @@ impl StreamDecoder {
         if data.is_empty() {
             return Vec::new();
         }
+        // Most of a stream: a content delta in the frame of one decoded before.
+        if let Some(text) = self.template.text(data) {
+            return if text.is_empty() {
+                Vec::new()
+            } else {
+                vec![StreamEvent::TextDelta(text.into_owned())]
+            };
+        }
         if data == "[DONE]" {
             self.done = true;
             return vec![StreamEvent::Done];
@@ -45,7 +59,7 @@ impl StreamDecoder {
         // or the reader gives up on goes the lenient way, through a `Value`, with the same result
         // for every field the view reads.
         let typed = if data.starts_with('{') {
-            scan::scan::<ChunkView<'_>>(data.as_bytes())
+            scan::scan_str::<ChunkView<'_>>(data)
         } else {
             None
         };
@@ -63,7 +77,27 @@ impl StreamDecoder {
                 ChunkView::lenient(&value)
             }
         };
-        self.apply(chunk)
+        let events = self.apply(chunk);
+        // A content delta and nothing else, in a chunk that says nothing but deltas: its frame
+        // reads the stream's next ones (see `DeltaTemplate` for why that is exact). Its other
+        // fields are fixed in the frame and gave no event here, nor can they in a chunk that
+        // differs only in the content (no other field's event depends on it).
+        if let [StreamEvent::TextDelta(text)] = events.as_slice()
+            && is_plain_delta(data)
+        {
+            self.template.learn(data, CONTENT_KEY, text);
+        }
+        events
+    }
+
+    /// The text of `data` when it is a content delta in the frame of one this decoder decoded,
+    /// read without decoding: what [`StreamDecoder::decode`] would make of it is that text
+    /// alone (nothing when it is empty). Such a chunk is a plain delta (see [`is_plain_delta`]).
+    pub fn templated_text<'a>(&self, data: &'a str) -> Option<Cow<'a, str>> {
+        if self.done {
+            return None;
+        }
+        self.template.text(data.trim())
     }
 
     fn apply(&mut self, chunk: ChunkView<'_>) -> Vec<StreamEvent> {
@@ -483,6 +517,61 @@ impl StreamEncoder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A stream decoded with the frames it learns gives the events the full decoding of every
+    /// chunk gives, whatever the texts, and chunks in another frame are decoded in full.
+    #[test]
+    fn content_deltas_in_a_learned_frame_decode_as_in_full() {
+        let chunk = |delta: &str, finish: &str| {
+            format!(
+                r#"{{"id":"c1","object":"chat.completion.chunk","created":7,"model":"m","choices":[{{"index":0,"delta":{delta},"logprobs":null,"finish_reason":{finish}}}]}}"#
+            )
+        };
+        let content = |text: &str| {
+            chunk(
+                &format!(r#"{{"content":{}}}"#, serde_json::to_string(text).unwrap()),
+                "null",
+            )
+        };
+        let stream = [
+            chunk(r#"{"role":"assistant","content":""}"#, "null"),
+            content("Hello"),
+            content(" wor\"ld\" \u{e9}\n"),
+            content(""),
+            // Another frame: a refusal beside the content, then the first frame again.
+            chunk(r#"{"content":"a","refusal":"b"}"#, "null"),
+            content("again"),
+            chunk(r#"{"content":"last"}"#, r#""stop""#),
+            content("after the finish"),
+            r#"{"id":"c1","object":"chat.completion.chunk","created":7,"model":"m","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}"#.to_owned(),
+            "[DONE]".to_owned(),
+        ];
+        let mut templated = StreamDecoder::new();
+        let mut expected = Vec::new();
+        let mut got = Vec::new();
+        for data in &stream {
+            // A decoder that has seen the same chunks but never reads by a frame.
+            let mut full = StreamDecoder::new();
+            for earlier in stream.iter().take_while(|d| *d != data) {
+                full.decode("", earlier);
+                full.template = DeltaTemplate::default();
+            }
+            expected.push(full.decode("", data));
+            got.push(templated.decode("", data));
+        }
+        assert_eq!(got, expected);
+        let mut learned = StreamDecoder::new();
+        // The first chunk starts the stream (two events): no frame is learned from it.
+        learned.decode("", &content("x"));
+        assert_eq!(learned.templated_text(&content("y")), None);
+        learned.decode("", &content("x"));
+        assert_eq!(learned.templated_text(&content("y")).as_deref(), Some("y"));
+        assert!(is_plain_delta(&content("y")));
+        assert_eq!(
+            learned.templated_text(&chunk(r#"{"content":"y"}"#, r#""stop""#)),
+            None
+        );
+    }
 
     /// The typed chunks say what the `Value`s they replaced said, escapes included.
     #[test]

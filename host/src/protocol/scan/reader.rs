@@ -102,6 +102,32 @@ pub(crate) fn from_slice<'de, T: de::Deserialize<'de>>(bytes: &'de [u8]) -> Opti
     reader.end(value)
 }
 
+/// [`from_slice`] for text already known to be UTF-8 (a stream's event), which is not checked again.
+pub(crate) fn from_str<'de, T: de::Deserialize<'de>>(text: &'de str) -> Option<T> {
+    let mut reader = Reader {
+        text,
+        pos: 0,
+        depth: 0,
+    };
+    let value = T::deserialize(&mut reader).ok()?;
+    reader.end(value)
+}
+
+/// The JSON string whose opening quote is at `quote` in `text`, decoded, and the position just
+/// past its closing quote; `None` when no valid string starts there.
+pub(crate) fn string_at(text: &str, quote: usize) -> Option<(Cow<'_, str>, usize)> {
+    let mut reader = Reader {
+        text,
+        pos: quote,
+        depth: 0,
+    };
+    if text.as_bytes().get(quote) != Some(&b'"') {
+        return None;
+    }
+    let string = reader.string().ok()?;
+    Some((string, reader.pos))
+}
+
 /// The entries of the JSON object in `bytes` as written: each key (decoded) with the text of its
 /// value, in order, a repeated key as often as it appears; or `None`, giving up as [`from_slice`]
 /// does. What a pass-through body is written from, without a tree of the client's.
