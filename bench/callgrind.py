@@ -25,7 +25,7 @@ times: the median is reported with the spread.
 Phases: non-streaming requests with `fixed`, `round_robin`, `routewise`; OpenAI streams (20
 events) with `fixed`; Anthropic client to OpenAI upstream streams with `fixed`; Anthropic client
 to Anthropic upstream streams. `--phases stream,Anthropic` keeps the phases whose names contain
-one of the words. Prints a table of
+one of the words (`--phases "stream, fixed|Anthropic"`, split on `|`, keeps the three streams only). Prints a table of
 instructions per request (also split into the request path and the request log's SQLite thread, each
 the median of its own windows) and the top functions by self cost of each phase (from `callgrind_annotate`),
 and writes bench/results/callgrind.json.
@@ -211,8 +211,10 @@ def main():
             ("Anthropic stream, fixed", "/v1/messages",
              bench.body("bench-anthropic", stream=True, dialect="anthropic"), anthropic_headers),
         ]
-        # `--phases a,b`: only the phases whose names contain one of these words.
-        wanted = [w.strip() for w in arg("--phases", "").split(",") if w.strip()]
+        # `--phases a,b`: only the phases whose names contain one of these words; `a|b` when a word
+        # holds a comma (`--phases "stream, fixed|Anthropic"`: the streams, not `non-streaming, fixed`).
+        spec = arg("--phases", "")
+        wanted = [w.strip() for w in spec.split("|" if "|" in spec else ",") if w.strip()]
         if wanted:
             phases = [p for p in phases if any(w in p[0] for w in wanted)]
         # What a window's closing wait costs with no requests (timers, the log writer waking up):
