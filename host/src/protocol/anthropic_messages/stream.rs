@@ -61,22 +61,18 @@ impl StreamDecoder {
     }
 
     /// Later usage reports repeat earlier counts; only the fields present are updated.
-    fn merge_usage(&mut self, u: &Value) {
-        let field = |k: &str| {
-            u.get(k)
-                .and_then(Value::as_u64)
-                .map(|n| u32::try_from(n).unwrap_or(u32::MAX))
-        };
-        if let Some(n) = field("input_tokens") {
+    fn merge_usage(&mut self, u: &UsageView) {
+        let count = |n: Option<u64>| n.map(|n| u32::try_from(n).unwrap_or(u32::MAX));
+        if let Some(n) = count(u.input_tokens) {
             self.input = n;
         }
-        if let Some(n) = field("output_tokens") {
+        if let Some(n) = count(u.output_tokens) {
             self.output = n;
         }
-        if let Some(n) = field("cache_read_input_tokens") {
+        if let Some(n) = count(u.cache_read_input_tokens) {
             self.cache_read = n;
         }
-        if let Some(n) = field("cache_creation_input_tokens") {
+        if let Some(n) = count(u.cache_creation_input_tokens) {
             self.cache_creation = n;
         }
     }
@@ -121,96 +117,28 @@ impl StreamDecoder {
             }
             return out;
         }
+        // The lifecycle events (a few a stream) read the same way into a typed view; an error
+        // event, or anything the view cannot take, through a `Value` into the same view.
+        if let Some(view) = scan::scan_str::<EventView<'_>>(data) {
+            let kind = view.kind.as_deref().unwrap_or(event);
+            if LIFECYCLE.contains(&kind) {
+                return self.lifecycle(kind, &view);
+            }
+        }
         let v: Value = match serde_json::from_str(data) {
             Ok(v) => v,
             Err(e) => return self.fail(502, format!("invalid upstream stream event: {e}")),
         };
         let kind = v.get("type").and_then(Value::as_str).unwrap_or(event);
         let index = v.get("index").and_then(Value::as_u64).unwrap_or(0);
-        let str_at = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
         let mut out = Vec::new();
         match kind {
-            "message_start" => {
-                let message = v.get("message").unwrap_or(&Value::Null);
-                if let Some(u) = message.get("usage") {
-                    self.merge_usage(u);
-                }
-                out.push(StreamEvent::Start {
-                    id: str_at(message, "id"),
-                    model: str_at(message, "model"),
-                });
-            }
-            "content_block_start" => {
-                let b = v.get("content_block").unwrap_or(&Value::Null);
-                let block = match b.get("type").and_then(Value::as_str) {
-                    Some("text") => {
-                        let t = str_at(b, "text");
-                        if !t.is_empty() {
-                            out.push(StreamEvent::TextDelta(t));
-                        }
-                        Block::Text
-                    }
-                    Some("thinking") => {
-                        let t = str_at(b, "thinking");
-                        if !t.is_empty() {
-                            out.push(StreamEvent::ReasoningDelta(t));
-                        }
-                        Block::Thinking
-                    }
-                    Some("tool_use") => {
-                        let tool = self.tools;
-                        self.tools += 1;
-                        out.push(StreamEvent::ToolCallStart {
-                            index: tool,
-                            id: str_at(b, "id"),
-                            name: str_at(b, "name"),
-                        });
-                        Block::Tool {
-                            index: tool,
-                            had_arguments: false,
-                        }
-                    }
-                    _ => Block::Other,
-                };
-                self.blocks.push((index, block));
+            kind if LIFECYCLE.contains(&kind) => {
+                return self.lifecycle(kind, &EventView::lenient(&v));
             }
             "content_block_delta" => {
                 let d = v.get("delta").unwrap_or(&Value::Null);
                 self.block_delta(index, &DeltaView::lenient(d), &mut out);
-            }
-            "content_block_stop" => {
-                // A call without arguments streams no JSON at all; OpenAI clients expect `{}`.
-                if let Some(Block::Tool {
-                    index,
-                    had_arguments: false,
-                }) = self.block(index).copied()
-                {
-                    out.push(StreamEvent::ToolCallDelta {
-                        index,
-                        arguments: "{}".into(),
-                    });
-                }
-            }
-            "message_delta" => {
-                if let Some(u) = v.get("usage") {
-                    self.merge_usage(u);
-                }
-                let d = v.get("delta").unwrap_or(&Value::Null);
-                if let Some(reason) = d.get("stop_reason").and_then(Value::as_str) {
-                    self.finished = true;
-                    out.push(StreamEvent::Finish {
-                        reason: parse_stop_reason(reason),
-                        stop_sequence: d
-                            .get("stop_sequence")
-                            .and_then(Value::as_str)
-                            .map(str::to_owned),
-                    });
-                }
-            }
-            "message_stop" => {
-                self.done = true;
-                out.push(StreamEvent::Usage(self.usage()));
-                out.push(StreamEvent::Done);
             }
             "error" => {
                 let e = v.get("error").unwrap_or(&v);
@@ -230,6 +158,100 @@ impl StreamDecoder {
             return None;
         }
         self.template.text(data)
+    }
+
+    /// A lifecycle event of type `kind` (one of [`LIFECYCLE`]).
+    fn lifecycle(&mut self, kind: &str, v: &EventView<'_>) -> Vec<StreamEvent> {
+        let index = v.index.unwrap_or(0);
+        let text = |t: &Option<Cow<'_, str>>| t.as_deref().unwrap_or("").to_owned();
+        let mut out = Vec::new();
+        match kind {
+            "message_start" => {
+                if let Some(message) = &v.message {
+                    if let Some(u) = &message.usage {
+                        self.merge_usage(u);
+                    }
+                    out.push(StreamEvent::Start {
+                        id: text(&message.id),
+                        model: text(&message.model),
+                    });
+                } else {
+                    out.push(StreamEvent::Start {
+                        id: String::new(),
+                        model: String::new(),
+                    });
+                }
+            }
+            "content_block_start" => {
+                let b = v.content_block.as_ref();
+                let block = match b.and_then(|b| b.kind.as_deref()) {
+                    Some("text") => {
+                        let t = b.map(|b| text(&b.text)).unwrap_or_default();
+                        if !t.is_empty() {
+                            out.push(StreamEvent::TextDelta(t));
+                        }
+                        Block::Text
+                    }
+                    Some("thinking") => {
+                        let t = b.map(|b| text(&b.thinking)).unwrap_or_default();
+                        if !t.is_empty() {
+                            out.push(StreamEvent::ReasoningDelta(t));
+                        }
+                        Block::Thinking
+                    }
+                    Some("tool_use") => {
+                        let tool = self.tools;
+                        self.tools += 1;
+                        out.push(StreamEvent::ToolCallStart {
+                            index: tool,
+                            id: b.map(|b| text(&b.id)).unwrap_or_default(),
+                            name: b.map(|b| text(&b.name)).unwrap_or_default(),
+                        });
+                        Block::Tool {
+                            index: tool,
+                            had_arguments: false,
+                        }
+                    }
+                    _ => Block::Other,
+                };
+                self.blocks.push((index, block));
+            }
+            "content_block_stop" => {
+                // A call without arguments streams no JSON at all; OpenAI clients expect `{}`.
+                if let Some(Block::Tool {
+                    index,
+                    had_arguments: false,
+                }) = self.block(index).copied()
+                {
+                    out.push(StreamEvent::ToolCallDelta {
+                        index,
+                        arguments: "{}".into(),
+                    });
+                }
+            }
+            "message_delta" => {
+                if let Some(u) = &v.usage {
+                    self.merge_usage(u);
+                }
+                if let Some(d) = &v.delta
+                    && let Some(reason) = d.stop_reason.as_deref()
+                {
+                    self.finished = true;
+                    out.push(StreamEvent::Finish {
+                        reason: parse_stop_reason(reason),
+                        stop_sequence: d.stop_sequence.as_deref().map(str::to_owned),
+                    });
+                }
+            }
+            "message_stop" => {
+                self.done = true;
+                out.push(StreamEvent::Usage(self.usage()));
+                out.push(StreamEvent::Done);
+            }
+            // `ping`.
+            _ => {}
+        }
+        out
     }
 
     /// A `content_block_delta`'s delta at upstream block `index`.
@@ -296,6 +318,121 @@ enum Open {
     Text,
     Thinking,
     Tool(u32),
+}
+
+/// The events of a stream's life around its deltas, read by [`StreamDecoder::lifecycle`].
+const LIFECYCLE: &[&str] = &[
+    "message_start",
+    "content_block_start",
+    "content_block_stop",
+    "message_delta",
+    "message_stop",
+    "ping",
+];
+
+/// A lifecycle event as the typed path reads it: the fields the decoder reads, strings borrowed,
+/// every other field skipped. The reader gives up on a field of an unexpected type, a repeated
+/// key or an array where an object belongs; the event is then read through a `Value` into the
+/// same view ([`EventView::lenient`]), where such a field counts as absent.
+#[derive(Deserialize, Default)]
+struct EventView<'a> {
+    #[serde(rename = "type", borrow, default)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(default)]
+    index: Option<u64>,
+    #[serde(borrow, default)]
+    message: Option<MessageView<'a>>,
+    #[serde(borrow, default)]
+    content_block: Option<ContentBlockView<'a>>,
+    #[serde(borrow, default)]
+    delta: Option<StopView<'a>>,
+    #[serde(default)]
+    usage: Option<UsageView>,
+}
+
+#[derive(Deserialize, Default)]
+struct MessageView<'a> {
+    #[serde(borrow, default)]
+    id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    model: Option<Cow<'a, str>>,
+    #[serde(default)]
+    usage: Option<UsageView>,
+}
+
+#[derive(Deserialize, Default)]
+struct ContentBlockView<'a> {
+    #[serde(rename = "type", borrow, default)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    text: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    thinking: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    name: Option<Cow<'a, str>>,
+}
+
+/// A `message_delta`'s delta.
+#[derive(Deserialize, Default)]
+struct StopView<'a> {
+    #[serde(borrow, default)]
+    stop_reason: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    stop_sequence: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize, Default, Debug, PartialEq)]
+struct UsageView {
+    #[serde(default)]
+    input_tokens: Option<u64>,
+    #[serde(default)]
+    output_tokens: Option<u64>,
+    #[serde(default)]
+    cache_read_input_tokens: Option<u64>,
+    #[serde(default)]
+    cache_creation_input_tokens: Option<u64>,
+}
+
+impl<'a> EventView<'a> {
+    /// What the typed view would read from `v`, a field of a wrong type read as absent.
+    fn lenient(v: &'a Value) -> Self {
+        let text = |v: &'a Value, k: &str| v.get(k).and_then(Value::as_str).map(Cow::Borrowed);
+        EventView {
+            kind: text(v, "type"),
+            index: v.get("index").and_then(Value::as_u64),
+            message: v.get("message").map(|m| MessageView {
+                id: text(m, "id"),
+                model: text(m, "model"),
+                usage: m.get("usage").map(UsageView::lenient),
+            }),
+            content_block: v.get("content_block").map(|b| ContentBlockView {
+                kind: text(b, "type"),
+                text: text(b, "text"),
+                thinking: text(b, "thinking"),
+                id: text(b, "id"),
+                name: text(b, "name"),
+            }),
+            delta: v.get("delta").map(|d| StopView {
+                stop_reason: text(d, "stop_reason"),
+                stop_sequence: text(d, "stop_sequence"),
+            }),
+            usage: v.get("usage").map(UsageView::lenient),
+        }
+    }
+}
+
+impl UsageView {
+    fn lenient(u: &Value) -> Self {
+        let count = |k: &str| u.get(k).and_then(Value::as_u64);
+        UsageView {
+            input_tokens: count("input_tokens"),
+            output_tokens: count("output_tokens"),
+            cache_read_input_tokens: count("cache_read_input_tokens"),
+            cache_creation_input_tokens: count("cache_creation_input_tokens"),
+        }
+    }
 }
 
 /// A `content_block_delta` event as the typed fast path reads it.
@@ -733,6 +870,71 @@ mod tests {
             json!({"type": "message_delta",
                    "delta": {"stop_reason": "end_turn", "stop_sequence": null},
                    "usage": {"output_tokens": 0}})
+        );
+    }
+
+    /// The typed lifecycle view reads every event it accepts as the lenient one does, and what
+    /// it refuses still decodes the lenient way.
+    #[test]
+    fn typed_and_lenient_lifecycle_views_read_alike() {
+        let events = [
+            r#"{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"m","content":[],"stop_reason":null,"usage":{"input_tokens":5,"output_tokens":1,"cache_read_input_tokens":2}}}"#,
+            r#"{"type":"message_start","message":null}"#,
+            r#"{"type":"content_block_start","index":1,"content_block":{"type":"text","text":"pre"}}"#,
+            r#"{"type":"content_block_start","index":2,"content_block":{"type":"thinking","thinking":"t","signature":""}}"#,
+            r#"{"type":"content_block_start","index":3,"content_block":{"type":"tool_use","id":"toolu_1","name":"f","input":{}}}"#,
+            r#"{"type":"content_block_stop","index":3}"#,
+            r#"{"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null},"usage":{"output_tokens":9}}"#,
+            r#"{"type":"ping"}"#,
+            r#"{"type":"message_stop"}"#,
+        ];
+        let (mut typed, mut lenient) = (StreamDecoder::new(), StreamDecoder::new());
+        let mut decoded = Vec::new();
+        for data in events {
+            let view = scan::scan_str::<EventView<'_>>(data).expect(data);
+            let value: Value = serde_json::from_str(data).unwrap();
+            let kind = view.kind.as_deref().unwrap();
+            let events = typed.lifecycle(kind, &view);
+            assert_eq!(
+                events,
+                lenient.lifecycle(kind, &EventView::lenient(&value)),
+                "{data}"
+            );
+            decoded.extend(events);
+        }
+        assert_eq!(decoded.len(), 9, "{decoded:?}");
+        assert_eq!(
+            decoded.last(),
+            Some(&StreamEvent::Done),
+            "usage then done at message_stop"
+        );
+        // Refused by the view: a count of another type (absent to the lenient view), an array
+        // where an object belongs (no message), a repeated key (the last one wins).
+        let refused = [
+            r#"{"type":"message_start","message":["msg_x","m"]}"#,
+            r#"{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_reason":"max_tokens"},"usage":{"output_tokens":1.5}}"#,
+        ];
+        for data in refused {
+            assert!(scan::scan_str::<EventView<'_>>(data).is_none(), "{data}");
+        }
+        let mut decoder = StreamDecoder::new();
+        assert_eq!(
+            decoder.decode("", refused[0]),
+            vec![StreamEvent::Start {
+                id: String::new(),
+                model: String::new()
+            }]
+        );
+        assert_eq!(
+            decoder.decode("", refused[1]),
+            vec![StreamEvent::Finish {
+                reason: FinishReason::Length,
+                stop_sequence: None
+            }]
+        );
+        assert_eq!(
+            decoder.output, 0,
+            "a count that is not an integer is not read"
         );
     }
 

@@ -529,9 +529,20 @@ impl<'de> de::Deserializer<'de> for &mut Reader<'de> {
         visitor.visit_newtype_struct(self)
     }
 
+    /// A struct is read from an object only: serde's derived visitors also take an array, field
+    /// by field, which a `Value` read by key would not (`serde_json` would).
+    fn deserialize_struct<V: Visitor<'de>>(
+        self,
+        _name: &'static str,
+        _fields: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value, GiveUp> {
+        self.map(visitor)
+    }
+
     serde::forward_to_deserialize_any! {
         bool i8 i16 i32 i64 i128 u8 u16 u32 u128 f32 f64 char bytes byte_buf unit unit_struct
-        tuple tuple_struct struct enum identifier ignored_any
+        tuple tuple_struct enum identifier ignored_any
     }
 }
 
