@@ -98,7 +98,7 @@ REDIS_URL = "redis://127.0.0.1:6379"
 IDLE_CONNECTIONS = 10_000
 IDLE_WINDOW_S = 10 if QUICK else 30
 # The gateway runs on its default configuration (issue #18: what users run), one serving thread per
-# core on per-core runtimes; nginx runs one worker process. A second gateway with one thread
+# core but one on per-core runtimes; nginx runs one worker process. A second gateway with one thread
 # (`SWITCHYARD_WORKER_THREADS=1`, nginx's share of the machine) and a third on the shared
 # work-stealing runtime are measured beside it, non-streaming.
 ONE_THREAD = "1"
@@ -1031,7 +1031,7 @@ def render(results, extra, measured=None, machine_name=None):
         f"answering {COMPLETION_TOKENS} tokens without delay ({extra['events_per_stream']['openai']} SSE events "
         f"per OpenAI stream, {extra['events_per_stream']['anthropic']} per Anthropic one); RUST_LOG=warn; "
         "the load generator, proxies and mock share the cores. nginx runs one worker process and the "
-        "gateway its default configuration (a per-core runtime on each of the machine's cores), except the rows "
+        "gateway its default configuration (per-core runtimes on all of the machine's cores but one, at least one), except the rows "
         "marked \"one thread\" (`SWITCHYARD_WORKER_THREADS=1`) and \"shared runtime\" (`--runtime shared`)."
         + peers_sentence(extra.get("peers")),
     ]

@@ -68,10 +68,13 @@ enum Command {
         /// Listen address, overriding `server.listen` (port 0 picks a free port).
         #[arg(long)]
         listen: Option<String>,
-        /// Threads that serve requests; one per CPU core when unset. Fewer leave cores to
-        /// co-located processes (an inference server, a load generator): on a 2-core machine
-        /// shared with both, one thread served nearly as many requests with a fifth less CPU
-        /// per request.
+        /// Threads that serve requests; when unset, one per CPU core but one (at least one): the
+        /// request log's writer, about a fifth of a request's work, and the background tasks run
+        /// on threads of their own, and with a serving thread on every core they were preempted
+        /// by and preempted the serving threads. On 2-core machines one serving thread spent
+        /// 3-35 % less CPU per request than two in every benchmark run (rounds ten to thirteen of
+        /// docs/performance.md) and served about as many requests or more; a dedicated 2-core
+        /// machine run at saturation may still want `--worker-threads 2`.
         #[arg(long, env = "SWITCHYARD_WORKER_THREADS", value_parser = clap::value_parser!(u16).range(1..))]
         worker_threads: Option<u16>,
         /// How the serving threads share work. `per-core` (the default): each thread runs its own
@@ -228,19 +231,19 @@ fn main() -> anyhow::Result<()> {
         ..
     } = &cli.command
     {
-        let threads = worker_threads.map_or_else(
-            || std::thread::available_parallelism().map_or(1, usize::from),
-            usize::from,
-        );
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
         match shape {
             // Requests run on the serving threads; this runtime keeps the background work
             // (health checks, the request log's writer, the fleet), which needs one thread.
             RuntimeShape::PerCore => {
                 runtime.worker_threads(1);
-                serving_threads = Some(threads);
+                serving_threads = Some(
+                    worker_threads.map_or_else(|| default_serving_threads(cores), usize::from),
+                );
             }
+            // One runtime for everything, background work included: every core.
             RuntimeShape::Shared => {
-                runtime.worker_threads(threads);
+                runtime.worker_threads(worker_threads.map_or(cores, usize::from));
             }
         }
     }
@@ -313,6 +316,12 @@ fn main() -> anyhow::Result<()> {
 
 fn load_config(path: &Path) -> anyhow::Result<Config> {
     Ok(Config::load(path)?)
+}
+
+/// Serving threads on `cores` cores when `--worker-threads` is not given: all but one, so the
+/// request log's writer and the background runtime keep a core (see `--worker-threads`).
+fn default_serving_threads(cores: usize) -> usize {
+    cores.saturating_sub(1).max(1)
 }
 
 /// `serving_threads`: serve on that many single-threaded runtimes (`--runtime per-core`); `None`
@@ -823,4 +832,14 @@ async fn run_decision(
     let output = offline::run(&engine, strategy, &params, input, &decision).await?;
     println!("{}", serde_json::to_string_pretty(&output)?);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::default_serving_threads;
+
+    #[test]
+    fn the_default_leaves_one_core_to_the_background_but_serves_on_at_least_one() {
+        assert_eq!([1, 2, 4, 16].map(default_serving_threads), [1, 1, 3, 15]);
+    }
 }
