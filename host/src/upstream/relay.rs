@@ -42,6 +42,9 @@ pub struct StreamSummary {
 /// Largest chunk the relay gathers from frames that are ready together.
 const BATCH_BYTES: usize = 16 * 1024;
 
+/// Capacity the relay's buffer keeps between chunks: a few frames' worth.
+const RETAINED_BYTES: usize = 2 * 1024;
+
 /// The upstream's events; a failure to read them (transport, an oversized event) is the attempt's.
 pub(super) type UpstreamEvents = Pin<Box<dyn Stream<Item = Result<SseEvent, AttemptError>> + Send>>;
 
@@ -437,9 +440,14 @@ impl<S: AttemptSink> Stream for StreamRelay<S> {
             }
         }
         if !self.pending.is_empty() {
-            // Copied out, so the buffer keeps its capacity for the next chunk.
+            // Copied out, so the buffer keeps its capacity for the next chunk; but not what a
+            // burst grew it to, which a long stream would hold for its whole life.
             let chunk = Bytes::copy_from_slice(&self.pending);
-            self.pending.clear();
+            if self.pending.capacity() > RETAINED_BYTES {
+                self.pending = Vec::new();
+            } else {
+                self.pending.clear();
+            }
             Poll::Ready(Some(chunk))
         } else if self.finished {
             Poll::Ready(None)
