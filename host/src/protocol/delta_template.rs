@@ -51,16 +51,22 @@ impl DeltaTemplate {
 
     /// Learns the template from `data`, an event that decoded to the one text delta `text` and
     /// nothing else, where `key` (`"content":"`, the key with the colon and the opening quote as
-    /// the upstream writes them) opens that text. Learns nothing when `key` is not written once
-    /// exactly (the text could be another string), when the string there is not `text`, or when
-    /// the stream has learned often enough.
-    pub(crate) fn learn(&mut self, data: &str, key: &str, text: &str) {
-        if self.learned >= MAX_LEARNED || text.is_empty() {
+    /// the upstream writes them) opens that text, and `plain` says the event is a plain delta
+    /// (asked last: it costs substring searches). Learns nothing, and keeps the template it has,
+    /// when the stream has learned often enough, when the event is not plain, when `key` is not
+    /// written once exactly (the text could be another string), or when the string there is not
+    /// `text`.
+    pub(crate) fn learn(
+        &mut self,
+        data: &str,
+        key: &str,
+        text: &str,
+        plain: impl FnOnce() -> bool,
+    ) {
+        if self.learned >= MAX_LEARNED || text.is_empty() || !plain() {
             return;
         }
         self.learned += 1;
-        self.head.clear();
-        self.tail.clear();
         // A key's quotes cannot occur inside a JSON string (they would be escaped there), so
         // each occurrence of `key` is a key of the event.
         let Some(at) = memmem::find(data.as_bytes(), key.as_bytes()) else {
@@ -76,7 +82,9 @@ impl DeltaTemplate {
         if found != text {
             return;
         }
+        self.head.clear();
         self.head.push_str(&data[..=quote]);
+        self.tail.clear();
         self.tail.push_str(&data[end - 1..]);
     }
 }
@@ -96,7 +104,7 @@ mod tests {
 
     fn learned(text: &str) -> DeltaTemplate {
         let mut template = DeltaTemplate::default();
-        template.learn(&chunk(text), KEY, text);
+        template.learn(&chunk(text), KEY, text, || true);
         template
     }
 
@@ -145,12 +153,18 @@ mod tests {
         let mut template = DeltaTemplate::default();
         // The key written twice (a second `content` elsewhere): which one is the text?
         let twice = chunk("a").replace(r#""model":"m""#, r#""model":"m","x":{"content":"a"}"#);
-        template.learn(&twice, KEY, "a");
+        template.learn(&twice, KEY, "a", || true);
         assert_eq!(template.text(&chunk("b")), None);
         // The string at the key is not the text decoded.
-        template.learn(&chunk("a"), KEY, "b");
+        template.learn(&chunk("a"), KEY, "b", || true);
         assert_eq!(template.text(&chunk("b")), None);
-        template.learn(&chunk("a"), KEY, "a");
+        // Not a plain delta.
+        template.learn(&chunk("a"), KEY, "a", || false);
+        assert_eq!(template.text(&chunk("b")), None);
+        template.learn(&chunk("a"), KEY, "a", || true);
+        assert_eq!(template.text(&chunk("b")).as_deref(), Some("b"));
+        // A failed learning keeps the template learned before.
+        template.learn(&twice, KEY, "a", || true);
         assert_eq!(template.text(&chunk("b")).as_deref(), Some("b"));
     }
 
@@ -158,10 +172,12 @@ mod tests {
     fn a_stream_learns_a_bounded_number_of_times() {
         let mut template = DeltaTemplate::default();
         for _ in 0..MAX_LEARNED {
-            template.learn(&chunk("a"), KEY, "a");
+            template.learn(&chunk("a"), KEY, "a", || true);
         }
         assert!(template.text(&chunk("b")).is_some());
-        template.learn(&chunk("c").replace("c1", "c2"), KEY, "c");
+        template.learn(&chunk("c").replace("c1", "c2"), KEY, "c", || {
+            panic!("not asked once the stream has learned often enough")
+        });
         // Kept from before: no more learning.
         assert_eq!(template.text(&chunk("b")).as_deref(), Some("b"));
         assert_eq!(template.text(&chunk("b").replace("c1", "c2")), None);

@@ -475,6 +475,12 @@ pub fn message_paths(i: usize) -> (Cow<'static, str>, Cow<'static, str>) {
     }
 }
 
+/// `v[key]` when it is a string, borrowed; absent when it is missing or of another type (how a
+/// stream decoder's lenient views read a field its typed view would have refused).
+pub fn str_or_absent<'a>(v: &'a Value, key: &str) -> Option<Cow<'a, str>> {
+    v.get(key).and_then(Value::as_str).map(Cow::Borrowed)
+}
+
 /// The type of a JSON value in words, for messages.
 pub fn kind(v: &Value) -> &'static str {
     match v {

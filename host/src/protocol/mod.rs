@@ -315,11 +315,10 @@ impl Encoder {
     pub fn text_delta_into(&mut self, text: &str, out: &mut Vec<u8>) {
         match self {
             Encoder::Anthropic(e) => e.text_delta_into(text, out),
-            other => {
-                for frame in other.encode(&ir::StreamEvent::TextDelta(text.to_owned())) {
-                    out.extend_from_slice(&frame);
-                }
-            }
+            other => sse::append(
+                out,
+                other.encode(&ir::StreamEvent::TextDelta(text.to_owned())),
+            ),
         }
     }
 

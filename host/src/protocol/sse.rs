@@ -100,6 +100,13 @@ impl FrameWriter {
     }
 }
 
+/// Appends `frames` to `out`, the buffer of a body's next chunk.
+pub fn append(out: &mut Vec<u8>, frames: impl IntoIterator<Item = Bytes>) {
+    for frame in frames {
+        out.extend_from_slice(&frame);
+    }
+}
+
 /// `frame` (one event this crate wrote) with `key: value` added to its error object: the `error`
 /// member (Chat, Anthropic), the response's `error` (Responses' `response.failed`), or the event
 /// itself when it is an error (Responses' `error`). Any other frame comes back as it was.

@@ -250,9 +250,7 @@ impl<S: AttemptSink> StreamRelay<S> {
         match &mut self.encoder {
             Some(encoder) => {
                 for event in &decoded {
-                    for frame in encoder.encode(event) {
-                        self.pending.extend_from_slice(&frame);
-                    }
+                    sse::append(&mut self.pending, encoder.encode(event));
                 }
             }
             None => self.write_verbatim(&event),
@@ -271,12 +269,6 @@ impl<S: AttemptSink> StreamRelay<S> {
         out.extend_from_slice(b"data: ");
         self.rename.apply_into(event.data.as_bytes(), out);
         out.extend_from_slice(b"\n\n");
-    }
-
-    fn queue(&mut self, frames: Vec<Bytes>) {
-        for frame in frames {
-            self.pending.extend_from_slice(&frame);
-        }
     }
 
     fn account(&mut self, events: &[StreamEvent]) {
@@ -326,21 +318,21 @@ impl<S: AttemptSink> StreamRelay<S> {
         self.account(&closing);
         if let Some(encoder) = &mut self.encoder {
             let frames = encoder.encode_all(&closing);
-            self.queue(frames);
+            sse::append(&mut self.pending, frames);
         } else if let Some(StreamEvent::Error { message, .. }) = closing
             .iter()
             .find(|e| matches!(e, StreamEvent::Error { .. }))
         {
             // Cut off without its terminal event: say so in the client's dialect.
             let frames = self.error_frames(502, message.clone());
-            self.queue(frames);
+            sse::append(&mut self.pending, frames);
         }
     }
 
     /// Ends the stream with `failure` told to the client in its dialect.
     fn fail(&mut self, status: u16, message: String, failure: AttemptError) {
         let frames = self.error_frames(status, message);
-        self.queue(frames);
+        sse::append(&mut self.pending, frames);
         self.finish(Some(failure));
     }
 

@@ -111,9 +111,9 @@ impl StreamDecoder {
             // reads the stream's next ones (see `DeltaTemplate`).
             if let [StreamEvent::TextDelta(text)] = out.as_slice()
                 && view.delta.kind.as_deref() == Some("text_delta")
-                && is_plain_delta(event, data)
             {
-                self.template.learn(data, TEXT_KEY, text);
+                self.template
+                    .learn(data, TEXT_KEY, text, || is_plain_delta(event, data));
             }
             return out;
         }
@@ -398,7 +398,7 @@ struct UsageView {
 impl<'a> EventView<'a> {
     /// What the typed view would read from `v`, a field of a wrong type read as absent.
     fn lenient(v: &'a Value) -> Self {
-        let text = |v: &'a Value, k: &str| v.get(k).and_then(Value::as_str).map(Cow::Borrowed);
+        let text = json::str_or_absent;
         EventView {
             kind: text(v, "type"),
             index: v.get("index").and_then(Value::as_u64),
@@ -465,7 +465,7 @@ struct DeltaView<'a> {
 impl<'a> DeltaView<'a> {
     /// What the typed view would read from `d`, a wrong type read as absent.
     fn lenient(d: &'a Value) -> Self {
-        let str_at = |k: &str| d.get(k).and_then(Value::as_str).map(Cow::Borrowed);
+        let str_at = |k: &str| json::str_or_absent(d, k);
         DeltaView {
             kind: str_at("type"),
             text: str_at("text"),
@@ -638,9 +638,7 @@ impl StreamEncoder {
         let mut opened = Vec::new();
         self.start("", &mut opened);
         let index = self.ensure_block(Open::Text, BlockStart::Text, &mut opened);
-        for frame in opened {
-            out.extend_from_slice(&frame);
-        }
+        sse::append(out, opened);
         Self::delta_into(index, Delta::Text(text), out);
     }
 

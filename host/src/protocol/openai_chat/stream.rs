@@ -82,10 +82,9 @@ impl StreamDecoder {
         // reads the stream's next ones (see `DeltaTemplate` for why that is exact). Its other
         // fields are fixed in the frame and gave no event here, nor can they in a chunk that
         // differs only in the content (no other field's event depends on it).
-        if let [StreamEvent::TextDelta(text)] = events.as_slice()
-            && is_plain_delta(data)
-        {
-            self.template.learn(data, CONTENT_KEY, text);
+        if let [StreamEvent::TextDelta(text)] = events.as_slice() {
+            self.template
+                .learn(data, CONTENT_KEY, text, || is_plain_delta(data));
         }
         events
     }
@@ -308,7 +307,7 @@ struct FunctionView<'a> {
 /// the type been right.
 impl<'a> ChunkView<'a> {
     fn lenient(v: &'a Value) -> Self {
-        let text = |v: &'a Value, key: &str| v.get(key).and_then(Value::as_str).map(Cow::Borrowed);
+        let text = crate::protocol::json::str_or_absent;
         let present = |v: &'a Value, key: &str| v.get(key).filter(|v| !v.is_null()).cloned();
         let choices = v.get("choices").and_then(Value::as_array).map(|choices| {
             choices
