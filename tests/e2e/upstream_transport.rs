@@ -76,3 +76,48 @@ async fn url_credentials_become_basic_auth_and_an_api_key_wins_over_them() {
     assert_eq!(status, 200, "{body}\n{}", gw.log());
     assert_eq!(upstream.stats().await["last_authorization"], "Bearer key-b");
 }
+
+/// A relayed stream's frames leave as the upstream wrote them but for the model, which is the
+/// public name in every chunk (its content deltas renamed by their template's head, the others
+/// whole), and their texts add up to the whole answer's text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_relayed_chunk_names_the_public_model_and_the_texts_add_up_to_the_answer() {
+    let upstream = Mock::start(&["--completion-tokens", "40"]);
+    let gw = Gateway::start(&model(
+        &format!("http://127.0.0.1:{}/v1", upstream.port),
+        None,
+    ));
+    let (status, whole) = gw.chat(chat_body("demo", false)).await;
+    assert_eq!(status, 200, "{whole}\n{}", gw.log());
+    let response = reqwest::Client::new()
+        .post(gw.url("/v1/chat/completions"))
+        .json(&chat_body("demo", true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    let text = response.text().await.unwrap();
+    assert!(
+        !text.contains("\"sim\""),
+        "the provider's model leaked: {text}"
+    );
+    let mut streamed = String::new();
+    let mut chunks = 0;
+    for frame in text.split("\n\n").filter(|f| !f.is_empty()) {
+        let data = frame.strip_prefix("data: ").expect("a data frame");
+        if data == "[DONE]" {
+            continue;
+        }
+        let chunk: serde_json::Value = serde_json::from_str(data).expect("JSON");
+        assert_eq!(chunk["model"], "demo", "{data}");
+        if let Some(content) = chunk["choices"][0]["delta"]["content"].as_str() {
+            streamed.push_str(content);
+            chunks += 1;
+        }
+    }
+    assert!(chunks > 10, "{text}");
+    assert_eq!(
+        Some(streamed.as_str()),
+        whole["choices"][0]["message"]["content"].as_str()
+    );
+}

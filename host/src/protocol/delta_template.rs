@@ -32,6 +32,19 @@ pub(crate) struct DeltaTemplate {
     /// The event from the closing quote of its text to its end.
     tail: String,
     learned: u8,
+    /// Which template `head` and `tail` are: changes whenever another is learned.
+    generation: u8,
+}
+
+/// A template that read an event, for writing that event again (see [`DeltaTemplate::text`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Templated<'a> {
+    pub generation: u8,
+    /// The event up to and including the opening quote of its text: it ends with the key that
+    /// opens the text.
+    pub head: &'a str,
+    /// The event from the closing quote of its text to its end.
+    pub tail: &'a str,
 }
 
 impl DeltaTemplate {
@@ -47,6 +60,16 @@ impl DeltaTemplate {
         // The text's closing quote must be the tail's first byte, not one before it.
         let (text, end) = scan::string_at(data, self.head.len() - 1)?;
         (end == data.len() - self.tail.len() + 1).then_some(text)
+    }
+
+    /// The template itself when it reads `data` (see [`DeltaTemplate::text`]).
+    pub(crate) fn reading(&self, data: &str) -> Option<Templated<'_>> {
+        self.text(data)?;
+        Some(Templated {
+            generation: self.generation,
+            head: &self.head,
+            tail: &self.tail,
+        })
     }
 
     /// Learns the template from `data`, an event that decoded to the one text delta `text` and
@@ -86,6 +109,7 @@ impl DeltaTemplate {
         self.head.push_str(&data[..=quote]);
         self.tail.clear();
         self.tail.push_str(&data[end - 1..]);
+        self.generation = self.generation.wrapping_add(1);
     }
 }
 

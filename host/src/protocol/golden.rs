@@ -767,12 +767,8 @@ fn shape(d: Dialect, frames: &[sse::SseEvent]) -> Vec<String> {
             }
             _ => {
                 let v: Value = serde_json::from_str(&f.data).unwrap();
-                assert_eq!(
-                    v["type"].as_str(),
-                    Some(f.event.as_str()),
-                    "SSE name = type"
-                );
-                f.event.clone()
+                assert_eq!(v["type"].as_str(), Some(&*f.event), "SSE name = type");
+                f.event.to_string()
             }
         })
         .collect()
@@ -881,7 +877,7 @@ fn accumulate(d: Dialect, frames: &[sse::SseEvent]) -> Accumulated {
                     a.finish = r.into();
                 }
             }
-            Dialect::OpenAiResponses => match f.event.as_str() {
+            Dialect::OpenAiResponses => match &*f.event {
                 "response.created" => {
                     a.id = v["response"]["id"].as_str().unwrap().into();
                     a.model = v["response"]["model"].as_str().unwrap().into();
@@ -927,7 +923,7 @@ fn accumulate(d: Dialect, frames: &[sse::SseEvent]) -> Accumulated {
                 }
                 _ => {}
             },
-            Dialect::AnthropicMessages => match f.event.as_str() {
+            Dialect::AnthropicMessages => match &*f.event {
                 "message_start" => {
                     let m = &v["message"];
                     a.id = m["id"].as_str().unwrap().into();

@@ -280,6 +280,19 @@ impl Decoder {
         }
     }
 
+    /// The template `data` (a text delta) is read by, as [`Decoder::templated_text`] reads it.
+    pub(crate) fn templated(
+        &self,
+        event: &str,
+        data: &str,
+    ) -> Option<delta_template::Templated<'_>> {
+        match self {
+            Decoder::Chat(d) => d.templated(data),
+            Decoder::Anthropic(d) => d.templated(event, data),
+            Decoder::Responses(_) => None,
+        }
+    }
+
     /// Call once when the upstream body ended: `Done` if the answer was complete but not closed,
     /// `Error` if it stopped early, nothing if a terminal event was already returned.
     pub fn finish(&mut self) -> Vec<ir::StreamEvent> {

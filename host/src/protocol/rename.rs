@@ -83,6 +83,25 @@ impl ModelRename {
         }
     }
 
+    /// For the events a delta template reads (`head`, a JSON string's contents, `tail`; `head`
+    /// ending in the key that opens the string): what their renamed text starts with in place of
+    /// `head`, the rest staying as it is. `None` when nothing is renamed, or when `tail` names
+    /// the model, which only [`ModelRename::apply_into`] on the whole event handles.
+    ///
+    /// Exact, so the search runs once per template instead of once per event: a needle starts
+    /// with a quote and holds more, the string's contents hold no raw quote, and the string's
+    /// opening quote follows a key's `":`, never `"model":`, so a needle found in such an event
+    /// lies whole in `head` or in `tail` (the tests hold both ways of renaming to one result).
+    pub fn renamed_head(&self, head: &str, tail: &str) -> Option<Vec<u8>> {
+        let needles = self.0.as_ref()?;
+        if needles.locate(tail.as_bytes()).is_some() {
+            return None;
+        }
+        let mut out = Vec::with_capacity(head.len() + needles.replacement.len());
+        self.apply_into(head.as_bytes(), &mut out);
+        Some(out)
+    }
+
     /// Which needle matched and where.
     fn locate(&self, data: &[u8]) -> Option<(usize, usize)> {
         self.0.as_ref()?.locate(data)
@@ -143,6 +162,63 @@ mod tests {
         let mut out = b"data: ".to_vec();
         r.apply_into(br#"{"model":"a/b","x":"model"}"#, &mut out);
         assert_eq!(&out[..], br#"data: {"model":"pub","x":"model"}"#);
+    }
+
+    /// A templated event renamed by its head is what renaming the whole event gives, whatever
+    /// its text (quotes, escapes, the model's own name in it), with the model before the text,
+    /// after it, nowhere or twice.
+    #[test]
+    fn a_renamed_head_gives_what_renaming_the_whole_event_gives() {
+        let rename = ModelRename::new("sim-small", "demo-chat");
+        let frames = [
+            (
+                r#"{"id":"c","model":"sim-small","choices":[{"delta":{"content":""#,
+                r#""}}]}"#,
+            ),
+            (
+                r#"{"id":"c","choices":[{"delta":{"content":""#,
+                r#""}}],"model":"sim-small"}"#,
+            ),
+            (
+                r#"{"model": "sim-small","delta":{"text":""#,
+                r#""},"model":"sim-small"}"#,
+            ),
+            (
+                r#"{"type":"content_block_delta","delta":{"type":"text_delta","text":""#,
+                r#""}}"#,
+            ),
+        ];
+        let texts = [
+            "",
+            "hi",
+            r#"\"model\":\"sim-small\""#,
+            "model",
+            r#"sim-small\\"#,
+            r#"\u0022"#,
+            "caf\u{e9}",
+        ];
+        for (head, tail) in frames {
+            let renamed_head = rename.renamed_head(head, tail);
+            for text in texts {
+                let event = format!("{head}{text}{tail}");
+                let mut whole = Vec::new();
+                rename.apply_into(event.as_bytes(), &mut whole);
+                match &renamed_head {
+                    Some(renamed) => {
+                        let mut by_head = renamed.clone();
+                        by_head.extend_from_slice(&event.as_bytes()[head.len()..]);
+                        assert_eq!(
+                            String::from_utf8_lossy(&by_head),
+                            String::from_utf8_lossy(&whole),
+                            "{event}"
+                        );
+                    }
+                    // Only a tail that names the model is left to the whole event's rename.
+                    None => assert!(tail.contains("sim-small"), "{event}"),
+                }
+            }
+        }
+        assert!(ModelRename::new("m", "m").renamed_head("{", "}").is_none());
     }
 
     #[test]

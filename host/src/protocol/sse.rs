@@ -6,6 +6,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use bytestring::ByteString;
 use futures::Stream;
 use serde::Serialize;
 use serde_json::Value;
@@ -144,12 +145,14 @@ pub fn with_error_field(frame: Bytes, key: &str, value: &str) -> Bytes {
     }
 }
 
-/// One parsed server-sent event.
+/// One parsed server-sent event. Its fields are slices of the chunk they arrived in when they
+/// fit in one line of one chunk (an upstream's token events almost always do), so reading an
+/// event copies nothing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SseEvent {
     /// The `event:` field; empty when absent.
-    pub event: String,
-    pub data: String,
+    pub event: ByteString,
+    pub data: ByteString,
 }
 
 /// Splits a complete SSE text into events (per the HTML spec: `data` lines joined with `\n`,
@@ -163,8 +166,8 @@ pub fn parse(text: &str) -> Vec<SseEvent> {
         if line.is_empty() {
             if let Some(d) = data.take() {
                 out.push(SseEvent {
-                    event: std::mem::take(&mut event),
-                    data: d,
+                    event: std::mem::take(&mut event).into(),
+                    data: d.into(),
                 });
             }
             event.clear();
@@ -190,7 +193,10 @@ pub fn parse(text: &str) -> Vec<SseEvent> {
         }
     }
     if let Some(d) = data {
-        out.push(SseEvent { event, data: d });
+        out.push(SseEvent {
+            event: event.into(),
+            data: d.into(),
+        });
     }
     out
 }
@@ -202,7 +208,8 @@ pub fn parse(text: &str) -> Vec<SseEvent> {
 ///
 /// Written for the relay's hot path: only an incomplete line is buffered, so a chunk holding many
 /// events is scanned once (the `eventsource-stream` crate copied the rest of its buffer after
-/// every line and validated it char by char, ~10 % of a relayed stream's CPU).
+/// every line and validated it char by char, ~10 % of a relayed stream's CPU), and an event's
+/// fields are slices of the chunk rather than strings of their own.
 ///
 /// What it holds is bounded by its limit: a line, or an event's joined `data`, longer than that is
 /// an [`EventTooLarge`] and not read further (an upstream that never sends a newline would
@@ -211,13 +218,20 @@ pub fn parse(text: &str) -> Vec<SseEvent> {
 pub struct EventReader {
     /// The start of a line whose end has not arrived yet.
     partial: Vec<u8>,
-    event: String,
-    data: Option<String>,
+    event: ByteString,
+    data: Option<EventData>,
     /// The last chunk ended in CR: an LF opening the next one belongs to that line end.
     after_cr: bool,
     started: bool,
     /// Largest line, and largest event (its `data` joined), in bytes.
     limit: usize,
+}
+
+/// An event's `data` so far: one line (a slice), or several joined.
+#[derive(Debug)]
+enum EventData {
+    Line(ByteString),
+    Joined(String),
 }
 
 /// A line or event of a stream outgrew the reader's limit.
@@ -243,7 +257,7 @@ impl EventReader {
     pub fn with_limit(limit: usize) -> Self {
         EventReader {
             partial: Vec::new(),
-            event: String::new(),
+            event: ByteString::new(),
             data: None,
             after_cr: false,
             started: false,
@@ -255,40 +269,46 @@ impl EventReader {
     /// must not be fed again; the events completed before the oversized one are in `out`.
     pub fn feed(
         &mut self,
-        mut chunk: &[u8],
+        chunk: &Bytes,
         out: &mut VecDeque<SseEvent>,
     ) -> Result<(), EventTooLarge> {
+        let mut at = 0;
         if !self.started && !chunk.is_empty() {
             self.started = true;
-            chunk = chunk.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(chunk);
+            if chunk.starts_with(b"\xEF\xBB\xBF") {
+                at = 3;
+            }
         }
-        if self.after_cr && !chunk.is_empty() {
+        if self.after_cr && at < chunk.len() {
             self.after_cr = false;
-            chunk = chunk.strip_prefix(b"\n").unwrap_or(chunk);
+            if chunk[at] == b'\n' {
+                at += 1;
+            }
         }
-        while let Some(end) = memchr::memchr2(b'\n', b'\r', chunk) {
-            let (line, rest) = chunk.split_at(end);
-            chunk = &rest[1..];
-            if rest[0] == b'\r' {
-                match chunk.first() {
-                    Some(b'\n') => chunk = &chunk[1..],
+        while let Some(found) = memchr::memchr2(b'\n', b'\r', &chunk[at..]) {
+            let (start, end) = (at, at + found);
+            at = end + 1;
+            if chunk[end] == b'\r' {
+                match chunk.get(at) {
+                    Some(b'\n') => at += 1,
                     None => self.after_cr = true,
                     Some(_) => {}
                 }
             }
             if self.partial.is_empty() {
-                self.line(line, out)?;
+                self.line(chunk, start..end, out)?;
             } else {
-                self.fits(self.partial.len() + line.len())?;
+                // A line begun in an earlier chunk: joined into one of its own.
+                self.fits(self.partial.len() + (end - start))?;
                 let mut whole = std::mem::take(&mut self.partial);
-                whole.extend_from_slice(line);
-                self.line(&whole, out)?;
-                whole.clear();
-                self.partial = whole;
+                whole.extend_from_slice(&chunk[start..end]);
+                let whole = Bytes::from(whole);
+                self.line(&whole, 0..whole.len(), out)?;
             }
         }
-        self.fits(self.partial.len() + chunk.len())?;
-        self.partial.extend_from_slice(chunk);
+        let rest = &chunk[at..];
+        self.fits(self.partial.len() + rest.len())?;
+        self.partial.extend_from_slice(rest);
         Ok(())
     }
 
@@ -299,49 +319,64 @@ impl EventReader {
         Ok(())
     }
 
-    fn line(&mut self, line: &[u8], out: &mut VecDeque<SseEvent>) -> Result<(), EventTooLarge> {
-        if line.is_empty() {
+    /// Reads the line `source[line]`.
+    fn line(
+        &mut self,
+        source: &Bytes,
+        line: std::ops::Range<usize>,
+        out: &mut VecDeque<SseEvent>,
+    ) -> Result<(), EventTooLarge> {
+        let text = &source[line.clone()];
+        if text.is_empty() {
+            let event = std::mem::take(&mut self.event);
             if let Some(data) = self.data.take() {
-                out.push_back(SseEvent {
-                    event: std::mem::take(&mut self.event),
-                    data,
-                });
+                let data = match data {
+                    EventData::Line(line) => line,
+                    EventData::Joined(text) => text.into(),
+                };
+                out.push_back(SseEvent { event, data });
             }
-            self.event.clear();
             return Ok(());
         }
-        self.fits(line.len())?;
-        if line[0] == b':' {
+        self.fits(text.len())?;
+        if text[0] == b':' {
             return Ok(());
         }
-        let (field, value) = match memchr::memchr(b':', line) {
+        let (field, value) = match memchr::memchr(b':', text) {
             Some(colon) => {
-                let value = &line[colon + 1..];
-                (&line[..colon], value.strip_prefix(b" ").unwrap_or(value))
+                let space = usize::from(text.get(colon + 1) == Some(&b' '));
+                (&text[..colon], line.start + colon + 1 + space..line.end)
             }
-            None => (line, &[][..]),
+            None => (text, line.end..line.end),
         };
-        // Checked first as it almost always is, valid UTF-8: the lossy conversion walks its
-        // input in small chunks and was the costliest step of reading a stream.
-        let value = match std::str::from_utf8(value) {
-            Ok(text) => std::borrow::Cow::Borrowed(text),
-            Err(_) => String::from_utf8_lossy(value),
+        let is_event = match field {
+            b"event" => true,
+            b"data" => false,
+            _ => return Ok(()),
         };
-        match field {
-            b"event" => self.event = value.into_owned(),
-            b"data" => match self.data.as_mut() {
-                Some(d) => {
-                    // Many short `data` lines add up to one event: bounded the same.
-                    if d.len() + 1 + value.len() > self.limit {
-                        return Err(EventTooLarge { limit: self.limit });
-                    }
-                    d.push('\n');
-                    d.push_str(&value);
-                }
-                None => self.data = Some(value.into_owned()),
-            },
-            _ => {}
+        // A slice of the chunk, its UTF-8 checked once; invalid bytes (rare) replaced in a copy.
+        let value = ByteString::try_from(source.slice(value.clone()))
+            .unwrap_or_else(|_| String::from_utf8_lossy(&source[value]).into_owned().into());
+        if is_event {
+            self.event = value;
+            return Ok(());
         }
+        self.data = Some(match self.data.take() {
+            None => EventData::Line(value),
+            Some(before) => {
+                let mut joined = match before {
+                    EventData::Line(line) => String::from(&*line),
+                    EventData::Joined(text) => text,
+                };
+                // Many short `data` lines add up to one event: bounded the same.
+                if joined.len() + 1 + value.len() > self.limit {
+                    return Err(EventTooLarge { limit: self.limit });
+                }
+                joined.push('\n');
+                joined.push_str(&value);
+                EventData::Joined(joined)
+            }
+        });
         Ok(())
     }
 }
@@ -441,10 +476,7 @@ mod tests {
             )
         };
         let (name, chat) = read(with_error_field(chat, "request_id", "r1"));
-        assert_eq!(
-            (name.as_str(), &chat["error"]["request_id"]),
-            ("", &"r1".into())
-        );
+        assert_eq!((&*name, &chat["error"]["request_id"]), ("", &"r1".into()));
         let (name, anthropic) = read(with_error_field(anthropic, "request_id", "r1"));
         assert_eq!(name, "error");
         assert_eq!(anthropic["error"]["request_id"], "r1");
@@ -471,7 +503,7 @@ mod tests {
             events,
             vec![
                 SseEvent {
-                    event: String::new(),
+                    event: ByteString::new(),
                     data: r#"{"a":1}"#.into()
                 },
                 SseEvent {
@@ -479,7 +511,7 @@ mod tests {
                     data: r#"{"type":"ping"}"#.into()
                 },
                 SseEvent {
-                    event: String::new(),
+                    event: ByteString::new(),
                     data: "line1\nline2".into()
                 },
             ]
@@ -499,19 +531,19 @@ mod tests {
                 data: r#"{"a":1}"#.into(),
             },
             SseEvent {
-                event: String::new(),
+                event: ByteString::new(),
                 data: "one\ntwo".into(),
             },
             SseEvent {
-                event: String::new(),
-                data: String::new(),
+                event: ByteString::new(),
+                data: ByteString::new(),
             },
             SseEvent {
-                event: String::new(),
+                event: ByteString::new(),
                 data: "x".into(),
             },
             SseEvent {
-                event: String::new(),
+                event: ByteString::new(),
                 data: "[DONE]".into(),
             },
         ];
@@ -520,7 +552,9 @@ mod tests {
                 let mut reader = EventReader::new();
                 let mut out = VecDeque::new();
                 for chunk in [&bytes[..a], &bytes[a..b], &bytes[b..]] {
-                    reader.feed(chunk, &mut out).unwrap();
+                    reader
+                        .feed(&Bytes::copy_from_slice(chunk), &mut out)
+                        .unwrap();
                 }
                 assert_eq!(Vec::from(out), expected, "split at {a} and {b}");
             }
@@ -542,7 +576,7 @@ mod tests {
             got,
             vec![
                 Ok(SseEvent {
-                    event: String::new(),
+                    event: ByteString::new(),
                     data: "a".into()
                 }),
                 Err(ReadError::Body("broken"))
@@ -556,10 +590,12 @@ mod tests {
     fn a_line_longer_than_the_limit_is_refused_at_the_limit() {
         let mut reader = EventReader::with_limit(64);
         let mut out = VecDeque::new();
-        reader.feed(b"data: ok\n\ndata: ", &mut out).unwrap();
+        reader
+            .feed(&Bytes::from_static(b"data: ok\n\ndata: "), &mut out)
+            .unwrap();
         let mut refused = None;
         for n in 0..100 {
-            if let Err(e) = reader.feed(&[b'x'; 10], &mut out) {
+            if let Err(e) = reader.feed(&Bytes::from(vec![b'x'; 10]), &mut out) {
                 refused = Some((n, e));
                 break;
             }
@@ -574,13 +610,13 @@ mod tests {
         let long = format!("data: {}\n\n", "y".repeat(100));
         assert!(
             EventReader::with_limit(64)
-                .feed(long.as_bytes(), &mut out)
+                .feed(&Bytes::from(long), &mut out)
                 .is_err()
         );
         let many = "data: abcdefgh\n".repeat(20);
         assert!(
             EventReader::with_limit(64)
-                .feed(many.as_bytes(), &mut out)
+                .feed(&Bytes::from(many), &mut out)
                 .is_err()
         );
         assert!(out.is_empty());
@@ -588,7 +624,7 @@ mod tests {
         let exact = format!("data: {}\n\n", "z".repeat(58));
         assert!(
             EventReader::with_limit(64)
-                .feed(exact.as_bytes(), &mut out)
+                .feed(&Bytes::from(exact), &mut out)
                 .is_ok()
         );
         assert_eq!(out.len(), 1);
@@ -607,7 +643,7 @@ mod tests {
             got,
             vec![
                 Ok(SseEvent {
-                    event: String::new(),
+                    event: ByteString::new(),
                     data: "a".into()
                 }),
                 Err(ReadError::TooLarge(EventTooLarge { limit: 32 }))

@@ -63,6 +63,8 @@ pub(super) struct StreamRelay<S: AttemptSink> {
     pending: Vec<u8>,
     /// The upstream's model name to the public one, in every verbatim frame.
     rename: ModelRename,
+    /// The renamed start of the frames the decoder's current delta template reads.
+    head_rename: Option<HeadRename>,
     public_model: String,
     started: Instant,
     first_token: Option<f64>,
@@ -87,6 +89,14 @@ pub(super) struct StreamRelay<S: AttemptSink> {
     /// The request's id, for the error event a broken stream ends with (the relay is polled by
     /// the server after the handler returned, outside the id's task-local).
     request_id: Option<crate::telemetry::request_id::RequestId>,
+}
+
+/// What a delta template's frames start with once renamed (see [`ModelRename::renamed_head`]).
+struct HeadRename {
+    /// The template's generation it was made for.
+    generation: u8,
+    /// `None`: each frame is renamed whole.
+    renamed: Option<Vec<u8>>,
 }
 
 /// When a relayed stream started and the deadlines it runs under.
@@ -117,6 +127,7 @@ impl<S: AttemptSink> StreamRelay<S> {
             client_dialect: inbound.dialect,
             pending: Vec::new(),
             rename,
+            head_rename: None,
             public_model: inbound.request.model.clone(),
             started,
             first_token: None,
@@ -220,20 +231,24 @@ impl<S: AttemptSink> StreamRelay<S> {
         // or, translated, straight from its text to the client's frame.
         if self.first_token.is_some() {
             match &mut self.encoder {
-                None if self
-                    .decoder
-                    .may_skip_after_first_token(&event.event, &event.data) =>
-                {
-                    self.write_verbatim(&event);
-                    return;
-                }
                 Some(encoder) => {
                     if let Some(text) = self.decoder.templated_text(&event.event, &event.data) {
                         encoder.text_delta_into(&text, &mut self.pending);
                         return;
                     }
                 }
-                None => {}
+                None => {
+                    if self.write_templated(&event) {
+                        return;
+                    }
+                    if self
+                        .decoder
+                        .may_skip_after_first_token(&event.event, &event.data)
+                    {
+                        self.write_verbatim(&event);
+                        return;
+                    }
+                }
             }
         }
         let mut decoded = self.decoder.decode(&event.event, &event.data);
@@ -244,7 +259,7 @@ impl<S: AttemptSink> StreamRelay<S> {
         {
             // An error event is upstream text on its way to the client and the request log.
             *message = self.redactor.text(message);
-            event.data = self.redactor.text(&event.data);
+            event.data = self.redactor.text(&event.data).into();
         }
         self.account(&decoded);
         match &mut self.encoder {
@@ -261,14 +276,41 @@ impl<S: AttemptSink> StreamRelay<S> {
     fn write_verbatim(&mut self, event: &SseEvent) {
         let out = &mut self.pending;
         out.reserve(event.data.len() + event.event.len() + 48);
-        if !event.event.is_empty() && event.event != "message" {
-            out.extend_from_slice(b"event: ");
-            out.extend_from_slice(event.event.as_bytes());
-            out.push(b'\n');
-        }
+        write_event_name(out, &event.event);
         out.extend_from_slice(b"data: ");
         self.rename.apply_into(event.data.as_bytes(), out);
         out.extend_from_slice(b"\n\n");
+    }
+
+    /// Queues the upstream's own frame when the decoder's delta template reads it (so it is a
+    /// plain delta), renamed by the template's head; false, queueing nothing, otherwise.
+    fn write_templated(&mut self, event: &SseEvent) -> bool {
+        let Some(template) = self.decoder.templated(&event.event, &event.data) else {
+            return false;
+        };
+        let head_len = template.head.len();
+        if self.head_rename.as_ref().map(|h| h.generation) != Some(template.generation) {
+            self.head_rename = Some(HeadRename {
+                generation: template.generation,
+                renamed: self.rename.renamed_head(template.head, template.tail),
+            });
+        }
+        let Some(HeadRename {
+            renamed: Some(renamed),
+            ..
+        }) = &self.head_rename
+        else {
+            self.write_verbatim(event);
+            return true;
+        };
+        let out = &mut self.pending;
+        out.reserve(event.data.len() + event.event.len() + 48);
+        write_event_name(out, &event.event);
+        out.extend_from_slice(b"data: ");
+        out.extend_from_slice(renamed);
+        out.extend_from_slice(&event.data.as_bytes()[head_len..]);
+        out.extend_from_slice(b"\n\n");
+        true
     }
 
     fn account(&mut self, events: &[StreamEvent]) {
@@ -377,6 +419,15 @@ impl<S: AttemptSink> StreamRelay<S> {
                 error,
             });
         }
+    }
+}
+
+/// A verbatim frame's `event:` line: none for the default name.
+fn write_event_name(out: &mut Vec<u8>, name: &str) {
+    if !name.is_empty() && name != "message" {
+        out.extend_from_slice(b"event: ");
+        out.extend_from_slice(name.as_bytes());
+        out.push(b'\n');
     }
 }
 

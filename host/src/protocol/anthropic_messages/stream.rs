@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use super::error_body;
 use super::response::{parse_stop_reason, stop_reason, usage_value};
-use crate::protocol::delta_template::DeltaTemplate;
+use crate::protocol::delta_template::{DeltaTemplate, Templated};
 use crate::protocol::ir::{FinishReason, StreamEvent, Usage, effective_finish};
 use crate::protocol::{ids, json, scan, sse, status_of_error, upstream_error_message};
 
@@ -158,6 +158,14 @@ impl StreamDecoder {
             return None;
         }
         self.template.text(data)
+    }
+
+    /// The template that reads `data`, if one does.
+    pub(crate) fn templated(&self, event: &str, data: &str) -> Option<Templated<'_>> {
+        if self.done || event != "content_block_delta" {
+            return None;
+        }
+        self.template.reading(data)
     }
 
     /// A lifecycle event of type `kind` (one of [`LIFECYCLE`]).
@@ -853,6 +861,10 @@ mod tests {
         let expected: Vec<(String, Value)> = expected
             .into_iter()
             .map(|(e, v)| (e.to_owned(), v))
+            .collect();
+        let written: Vec<(String, Value)> = written
+            .into_iter()
+            .map(|(e, v)| (e.to_string(), v))
             .collect();
         assert_eq!(written, expected);
 

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::response::{finish_str, parse_finish, parse_usage, usage_value};
-use crate::protocol::delta_template::DeltaTemplate;
+use crate::protocol::delta_template::{DeltaTemplate, Templated};
 use crate::protocol::ir::{StreamEvent, effective_finish};
 use crate::protocol::{error_body_openai, ids, scan, sse, status_of_error, upstream_error_message};
 
@@ -97,6 +97,14 @@ impl StreamDecoder {
             return None;
         }
         self.template.text(data.trim())
+    }
+
+    /// The template that reads `data` as it stands (untrimmed), if one does.
+    pub(crate) fn templated(&self, data: &str) -> Option<Templated<'_>> {
+        if self.done {
+            return None;
+        }
+        self.template.reading(data)
     }
 
     fn apply(&mut self, chunk: ChunkView<'_>) -> Vec<StreamEvent> {

@@ -566,7 +566,7 @@ mod tests {
         let events: Vec<(String, Value)> = frames
             .iter()
             .flat_map(|f| sse::parse(std::str::from_utf8(f).unwrap()))
-            .map(|e| (e.event, serde_json::from_str(&e.data).unwrap()))
+            .map(|e| (e.event.to_string(), serde_json::from_str(&e.data).unwrap()))
             .collect();
         for (at, (_, data)) in events.iter().enumerate() {
             assert_eq!(data["sequence_number"], json!(at), "{data}");
