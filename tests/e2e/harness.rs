@@ -313,6 +313,14 @@ impl Gateway {
     }
 
     pub async fn chat(&self, body: serde_json::Value) -> (u16, serde_json::Value) {
+        let (status, text) = self.chat_text(body).await;
+        let json = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("gateway answered non-JSON ({e}): {text}"));
+        (status, json)
+    }
+
+    /// `POST /v1/chat/completions`, its answer read whole as text (a stream's frames, say).
+    pub async fn chat_text(&self, body: serde_json::Value) -> (u16, String) {
         let response = reqwest::Client::new()
             .post(self.url("/v1/chat/completions"))
             .json(&body)
@@ -320,10 +328,7 @@ impl Gateway {
             .await
             .expect("gateway reachable");
         let status = response.status().as_u16();
-        let text = response.text().await.expect("body");
-        let json = serde_json::from_str(&text)
-            .unwrap_or_else(|e| panic!("gateway answered non-JSON ({e}): {text}"));
-        (status, json)
+        (status, response.text().await.expect("body"))
     }
 }
 

@@ -108,14 +108,8 @@ async fn metrics_count_requests_attempts_fallbacks_and_errors_with_bounded_label
         assert_eq!(status, 200, "{body}");
     }
     // A stream: three failures in a row opened A's breaker, so B serves it at the first attempt.
-    let response = reqwest::Client::new()
-        .post(gw.url("/v1/chat/completions"))
-        .json(&chat_body("demo", true))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    let _ = response.text().await.unwrap();
+    let (status, text) = gw.chat_text(chat_body("demo", true)).await;
+    assert_eq!(status, 200, "{text}");
     // Caller errors: an unknown model, a body that is not JSON.
     assert_eq!(gw.chat(chat_body("nope", false)).await.0, 404);
     let bad = reqwest::Client::new()

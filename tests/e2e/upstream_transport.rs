@@ -89,14 +89,8 @@ async fn every_relayed_chunk_names_the_public_model_and_the_texts_add_up_to_the_
     ));
     let (status, whole) = gw.chat(chat_body("demo", false)).await;
     assert_eq!(status, 200, "{whole}\n{}", gw.log());
-    let response = reqwest::Client::new()
-        .post(gw.url("/v1/chat/completions"))
-        .json(&chat_body("demo", true))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status().as_u16(), 200);
-    let text = response.text().await.unwrap();
+    let (status, text) = gw.chat_text(chat_body("demo", true)).await;
+    assert_eq!(status, 200, "{text}");
     assert!(
         !text.contains("\"sim\""),
         "the provider's model leaked: {text}"

@@ -274,10 +274,7 @@ impl<S: AttemptSink> StreamRelay<S> {
 
     /// Queues the upstream's own frame, with the public model name.
     fn write_verbatim(&mut self, event: &SseEvent) {
-        let out = &mut self.pending;
-        out.reserve(event.data.len() + event.event.len() + 48);
-        write_event_name(out, &event.event);
-        out.extend_from_slice(b"data: ");
+        let out = open_frame(&mut self.pending, event);
         self.rename.apply_into(event.data.as_bytes(), out);
         out.extend_from_slice(b"\n\n");
     }
@@ -303,10 +300,7 @@ impl<S: AttemptSink> StreamRelay<S> {
             self.write_verbatim(event);
             return true;
         };
-        let out = &mut self.pending;
-        out.reserve(event.data.len() + event.event.len() + 48);
-        write_event_name(out, &event.event);
-        out.extend_from_slice(b"data: ");
+        let out = open_frame(&mut self.pending, event);
         out.extend_from_slice(renamed);
         out.extend_from_slice(&event.data.as_bytes()[head_len..]);
         out.extend_from_slice(b"\n\n");
@@ -422,13 +416,17 @@ impl<S: AttemptSink> StreamRelay<S> {
     }
 }
 
-/// A verbatim frame's `event:` line: none for the default name.
-fn write_event_name(out: &mut Vec<u8>, name: &str) {
-    if !name.is_empty() && name != "message" {
+/// Starts `event`'s verbatim frame in `out`, up to its data: the `event:` line (none for the
+/// default name) and `data: `.
+fn open_frame<'o>(out: &'o mut Vec<u8>, event: &SseEvent) -> &'o mut Vec<u8> {
+    out.reserve(event.data.len() + event.event.len() + 48);
+    if !event.event.is_empty() && &*event.event != "message" {
         out.extend_from_slice(b"event: ");
-        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(event.event.as_bytes());
         out.push(b'\n');
     }
+    out.extend_from_slice(b"data: ");
+    out
 }
 
 impl<S: AttemptSink> Stream for StreamRelay<S> {

@@ -154,18 +154,17 @@ impl StreamDecoder {
     /// read without decoding: what [`StreamDecoder::decode`] would make of it is that text
     /// alone (nothing when it is empty). Such an event is a plain delta (see [`is_plain_delta`]).
     pub fn templated_text<'a>(&self, event: &str, data: &'a str) -> Option<Cow<'a, str>> {
-        if self.done || event != "content_block_delta" {
-            return None;
-        }
-        self.template.text(data)
+        self.template_for(event)?.text(data)
     }
 
     /// The template that reads `data`, if one does.
     pub(crate) fn templated(&self, event: &str, data: &str) -> Option<Templated<'_>> {
-        if self.done || event != "content_block_delta" {
-            return None;
-        }
-        self.template.reading(data)
+        self.template_for(event)?.reading(data)
+    }
+
+    /// The template, for a text delta's event while the stream may still send them.
+    fn template_for(&self, event: &str) -> Option<&DeltaTemplate> {
+        (!self.done && event == "content_block_delta").then_some(&self.template)
     }
 
     /// A lifecycle event of type `kind` (one of [`LIFECYCLE`]).

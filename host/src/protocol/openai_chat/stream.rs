@@ -93,18 +93,17 @@ impl StreamDecoder {
     /// read without decoding: what [`StreamDecoder::decode`] would make of it is that text
     /// alone (nothing when it is empty). Such a chunk is a plain delta (see [`is_plain_delta`]).
     pub fn templated_text<'a>(&self, data: &'a str) -> Option<Cow<'a, str>> {
-        if self.done {
-            return None;
-        }
-        self.template.text(data.trim())
+        self.live_template()?.text(data.trim())
     }
 
     /// The template that reads `data` as it stands (untrimmed), if one does.
     pub(crate) fn templated(&self, data: &str) -> Option<Templated<'_>> {
-        if self.done {
-            return None;
-        }
-        self.template.reading(data)
+        self.live_template()?.reading(data)
+    }
+
+    /// The template, while the stream may still send deltas.
+    fn live_template(&self) -> Option<&DeltaTemplate> {
+        (!self.done).then_some(&self.template)
     }
 
     fn apply(&mut self, chunk: ChunkView<'_>) -> Vec<StreamEvent> {
