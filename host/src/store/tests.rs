@@ -945,6 +945,43 @@ async fn budgets_round_trip(db: &TestDb) {
     assert!(cfg.list_budgets().await.unwrap().is_empty());
 }
 
+/// More rows than one transaction takes, in statements of every size: each row is written once
+/// with its values, in order.
+async fn the_writer_writes_every_row_of_several_transactions(db: &TestDb) {
+    let log = api_log::ApiLog::start(db.store.clone());
+    let rows = 2 * 2048 + 300;
+    for i in 0..rows {
+        log.record(api_log::ApiLogRow {
+            created_at_ms: i as i64,
+            model: format!("m{}", i % 3),
+            status: if i % 7 == 0 { 502 } else { 200 },
+            latency_ms: 1.5,
+            request_id: Some(format!("req-{i}")),
+            attempt_log: Some("[]".into()),
+            ..Default::default()
+        });
+    }
+    log.finish(Duration::from_secs(60)).await;
+    assert_eq!(log.totals(), (rows as u64, 0, 0));
+    let query = "SELECT COUNT(*), COUNT(DISTINCT request_id), MIN(created_at_ms), \
+                 MAX(created_at_ms), SUM(CASE WHEN status = 502 THEN 1 ELSE 0 END) FROM api_logs";
+    let counts: (i64, i64, i64, i64, i64) = match db.store.pool() {
+        Pool::Sqlite(p) => sqlx::query_as(query).fetch_one(p).await.unwrap(),
+        Pool::Postgres(p) => sqlx::query_as(query).fetch_one(p).await.unwrap(),
+    };
+    let failed = (0..rows).filter(|i| i % 7 == 0).count() as i64;
+    assert_eq!(
+        counts,
+        (rows as i64, rows as i64, 0, rows as i64 - 1, failed)
+    );
+    let last = "SELECT model, request_id FROM api_logs WHERE created_at_ms = 4395";
+    let row: (String, String) = match db.store.pool() {
+        Pool::Sqlite(p) => sqlx::query_as(last).fetch_one(p).await.unwrap(),
+        Pool::Postgres(p) => sqlx::query_as(last).fetch_one(p).await.unwrap(),
+    };
+    assert_eq!(row, ("m0".to_owned(), "req-4395".to_owned()));
+}
+
 async fn spend_is_read_back_from_the_request_log(db: &TestDb) {
     let insert = "INSERT INTO api_logs (created_at_ms, consumer, model, status, latency_ms, cost_usd) \
                   VALUES ($1, $2, 'm', 200, 1.0, $3)";
@@ -1027,4 +1064,43 @@ suite!(
     a_failed_reload_keeps_the_last_snapshot,
     budgets_round_trip,
     spend_is_read_back_from_the_request_log,
+    the_writer_writes_every_row_of_several_transactions,
 );
+
+#[tokio::test]
+async fn a_new_sqlite_file_has_16_kib_pages_and_an_old_one_keeps_its_own() {
+    let db = TestDb::sqlite().await;
+    let Pool::Sqlite(pool) = db.store.pool() else {
+        unreachable!()
+    };
+    let size: i64 = sqlx::query_scalar("PRAGMA page_size")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(size, 16384);
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("old.db");
+    {
+        let options = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true)
+            .page_size(4096);
+        let mut conn = sqlx::ConnectOptions::connect(&options).await.unwrap();
+        sqlx::query("CREATE TABLE t (x INTEGER)")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+    }
+    let store = Store::open(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    let Pool::Sqlite(pool) = store.pool() else {
+        unreachable!()
+    };
+    let size: i64 = sqlx::query_scalar("PRAGMA page_size")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(size, 4096, "a file's page size stays as it was made");
+}
