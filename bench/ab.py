@@ -3,16 +3,20 @@
 behind one mock, and rounds alternate over builds and models, so a machine whose speed drifts moves
 every build alike. For a before/after of one change, e.g. a build of main and one of a branch:
 
-    python3 bench/ab.py base=PATH new=PATH [--models fixed,routewise] [--rounds N] [--seconds S]
-                        [--clients C] [--port-base N]
+    python3 bench/ab.py base=PATH new=PATH [nginx=nginx] [--models fixed,routewise] [--rounds N]
+                        [--seconds S] [--clients C] [--port-base N] [--threads]
 
 Prints req/s and the gateway's CPU µs per non-streaming request (from /proc/<pid>/stat) per round,
-then the medians per build and model. Strategies come from `$CARGO_TARGET_DIR/strategies` (else
+then the medians per build and model. `nginx=nginx` adds nginx (one worker, `proxy_pass` to the
+same mock, as in bench/run.py) as one more "build" in the same rounds, the issue's yardstick.
+`--threads` also splits each one's CPU by thread name into user and system time (from
+/proc/<pid>/task/*/stat): the serving threads, the request log's SQLite thread, the main runtime. Strategies come from `$CARGO_TARGET_DIR/strategies` (else
 `target/strategies`), as in bench/run.py, whose mock, config and wrk driver it reuses; the first
 build also runs the mock. Extra environment for every gateway: `--gateway-env K=V,K=V`
 (e.g. `SWITCHYARD_WORKER_THREADS=1`).
 """
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -24,6 +28,22 @@ import run  # noqa: E402
 
 def arg(name, default):
     return type(default)(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else default
+
+
+def thread_cpu(pid):
+    """CPU seconds (user, system) per thread name of process `pid`, summed over its threads."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except FileNotFoundError:  # the thread ended since the listing
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat.rsplit(")", 1)[1].split()
+        user, system = out.get(name, (0.0, 0.0))
+        out[name] = (user + int(fields[11]) / tick, system + int(fields[12]) / tick)
+    return out
 
 
 def main():
@@ -42,30 +62,53 @@ def main():
     env = dict(os.environ, RUST_LOG="warn", ROUTING_AFFINITY_ENABLED="0", SWITCHYARD_DEFAULT_AUTH="disabled",
                SWITCHYARD_BUILTIN_STRATEGIES=str(run.target_dir() / "strategies"))
     work = Path(tempfile.mkdtemp(prefix="switchyard-ab-"))
-    procs, gateways = [], {}
+    split = "--threads" in sys.argv
+    procs, gateways, nginx_bin = [], {}, None
     try:
-        procs.append(run.start_mock(builds[0][1], env))
+        procs.append(run.start_mock(next(b for _, b in builds if b != "nginx"), env))
         run.wait_http(f"http://127.0.0.1:{port_base}/health")
         for i, (label, binary) in enumerate(builds):
             port = port_base + 1 + i
+            if binary == "nginx":
+                nginx_bin = shutil.which("nginx") or "/usr/sbin/nginx"
+                run.PORTS["nginx"] = port
+                gateways[label] = (port, run.start_nginx(work, nginx_bin)[0])
+                continue
             gateway = run.start_gateway(binary, work, label, port, dict(env, **gateway_env))
             procs.append(gateway)
             gateways[label] = (port, gateway.pid)
-        results = {}
+        results, threads = {}, {}
         for r in range(rounds):
             for label, (port, pid) in gateways.items():
                 for model in models:
+                    before = thread_cpu(pid) if split else {}
                     out = run.wrk_cpu(f"http://127.0.0.1:{port}/v1/chat/completions",
                                       run.body(f"bench-{model}"), clients, work, pid)
                     cpu_us = out["cpu_us_per_request"]
                     results.setdefault((label, model), []).append((out["rps"], cpu_us))
                     print(f"round {r + 1} {label:12} {model:12} {out['rps']:9.0f} req/s  cpu {cpu_us:6.1f} us/req"
                           + (f"  ERRORS {out['errors']}" if out["errors"] else ""), flush=True)
+                    if split:
+                        per_request = 1e6 / max(out["requests"], 1)
+                        for name, (user, system) in sorted(thread_cpu(pid).items()):
+                            user0, system0 = before.get(name, (0.0, 0.0))
+                            row = ((user - user0) * per_request, (system - system0) * per_request)
+                            if row[0] + row[1] > 0:
+                                threads.setdefault((label, model, name), []).append(row)
+                                print(f"    {name:24} user {row[0]:6.1f}  system {row[1]:6.1f} us/req")
         print(f"\nmedians of {rounds} rounds, {run.DURATION} s each, {clients} clients, non-streaming:")
         for (label, model), rows in results.items():
             print(f"  {label:12} {model:12} {statistics.median(r[0] for r in rows):9.0f} req/s  "
                   f"cpu {statistics.median(r[1] for r in rows):6.1f} us/req")
+            for (t_label, t_model, name), t_rows in sorted(threads.items()):
+                if (t_label, t_model) == (label, model):
+                    # A thread busy in only some rounds counts 0 in the others.
+                    padded = t_rows + [(0.0, 0.0)] * (rounds - len(t_rows))
+                    print(f"    {name:24} user {statistics.median(r[0] for r in padded):6.1f}  "
+                          f"system {statistics.median(r[1] for r in padded):6.1f} us/req")
     finally:
+        if nginx_bin:
+            run.stop_nginx(work, nginx_bin)
         run.stop_processes(procs)
 
 
