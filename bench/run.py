@@ -973,12 +973,14 @@ def paired_routewise(url, pid, script_dir, rounds=3):
 TARGET_ROUNDS, TARGET_ROUND_S = 3, 5
 
 
-def target_rounds(work, points, rounds=TARGET_ROUNDS, seconds=TARGET_ROUND_S):
+def target_rounds(work, points, rounds=TARGET_ROUNDS, seconds=None):
     """The points the targets compare (`(name, mode, clients, url, model, dialect, pids)`), again,
     in alternating rounds, so that each ratio's two sides see the same machine: on a shared VM one
     10 s point of the tables above can land in a slow minute its reference missed (one run measured
     the same build at 50.1 and 38.4 µs a request minutes apart). Medians per point."""
     global DURATION
+    # A `--quick` run's points are shorter still.
+    seconds = seconds or min(TARGET_ROUND_S, DURATION)
     saved, DURATION = DURATION, seconds
     runs = {}
     try:

@@ -284,8 +284,9 @@ const COLUMNS: &str = "api_logs (created_at_ms, route, consumer, model, endpoint
 const COLUMN_COUNT: usize = 21;
 
 /// The INSERT of `rows` rows (a power of two up to [`STATEMENT_ROWS`]) with PostgreSQL's or
-/// SQLite's placeholders, built once per count and backend. sqlx's `QueryBuilder` wrote the same text
-/// again on every flush, one `write!` per placeholder and separator: 6,500 instructions per row.
+/// SQLite's placeholders, built once per count and backend. sqlx's `QueryBuilder` wrote the same
+/// text again on every flush, one `write!` per placeholder and separator: 6,500 instructions per
+/// row.
 fn insert_sql(postgres: bool, rows: usize) -> &'static str {
     const COUNTS: usize = STATEMENT_ROWS.ilog2() as usize + 1;
     static TEXTS: [[std::sync::OnceLock<String>; COUNTS]; 2] =
