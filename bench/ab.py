@@ -32,7 +32,6 @@ def arg(name, default):
 
 def thread_cpu(pid):
     """CPU seconds (user, system) per thread name of process `pid`, summed over its threads."""
-    tick = os.sysconf("SC_CLK_TCK")
     out = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
@@ -40,9 +39,9 @@ def thread_cpu(pid):
         except FileNotFoundError:  # the thread ended since the listing
             continue
         name = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat.rsplit(")", 1)[1].split()
-        user, system = out.get(name, (0.0, 0.0))
-        out[name] = (user + int(fields[11]) / tick, system + int(fields[12]) / tick)
+        user, system = run.stat_times(stat)
+        user0, system0 = out.get(name, (0.0, 0.0))
+        out[name] = (user0 + user, system0 + system)
     return out
 
 

@@ -196,10 +196,16 @@ def wait_http(url, timeout=30, proc=None, pause_s=0.1, attempt_s=1):
     raise RuntimeError(f"{url} did not come up within {timeout} s")
 
 
-def cpu_seconds(pid):
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def stat_times(stat):
+    """User and system CPU seconds from the text of a `/proc/<pid>/stat` or
+    `/proc/<pid>/task/<tid>/stat` file."""
+    fields = stat.rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
-    return (int(fields[11]) + int(fields[12])) / ticks
+    return int(fields[11]) / ticks, int(fields[12]) / ticks
+
+
+def cpu_seconds(pid):
+    return sum(stat_times(Path(f"/proc/{pid}/stat").read_text()))
 
 
 def rss_mib(pid):
@@ -747,21 +753,27 @@ def measure(work, mode, name, base, model, pids, headers):
     path = "/v1/messages" if dialect == "anthropic" else "/v1/chat/completions"
     rows = []
     for c in CONCURRENCY:
-        before = sum(cpu_seconds(p) for p in pids)
-        r = wrk(base + path, body(model, mode == "stream", dialect), c, work, headers)
-        after = sum(cpu_seconds(p) for p in pids)
-        # A peer slower than the window (LiteLLM streams at 256 clients) may finish no answer in it;
-        # a CPU figure per request is then undefined, not the whole window's CPU.
-        r.update(mode=mode, target=name, concurrency=c, dialect=dialect,
-                 cpu_us_per_request=(after - before) * 1e6 / r["requests"] if pids and r["requests"] else None)
+        r = measure_point(work, base + path, body(model, mode == "stream", dialect), c, pids, headers)
+        r.update(mode=mode, target=name, concurrency=c, dialect=dialect)
         rows.append(r)
-        settle(pids)
         print(f"{mode:6} {name:34} c={c:<4} {r['rps']:9.0f} req/s  p50 {r['p50_ms']:.3f} ms  "
               f"p99 {r['p99_ms']:.3f} ms"
               + (f"  cpu {r['cpu_us_per_request']:.1f} us/req" if r["cpu_us_per_request"] is not None else "")
               + (f"  ERRORS {r['errors']}" if r["errors"] else "")
               + ("" if r["requests"] else "  NO ANSWER COMPLETED"), flush=True)
     return rows
+
+
+def measure_point(work, url, payload, c, pids, headers=None):
+    """wrk's figures for one point, the CPU `pids` spent per request over it, once they settled."""
+    before = sum(cpu_seconds(p) for p in pids)
+    r = wrk(url, payload, c, work, headers)
+    after = sum(cpu_seconds(p) for p in pids)
+    # A peer slower than the window (LiteLLM streams at 256 clients) may finish no answer in it;
+    # a CPU figure per request is then undefined, not the whole window's CPU.
+    r["cpu_us_per_request"] = (after - before) * 1e6 / r["requests"] if pids and r["requests"] else None
+    settle(pids)
+    return r
 
 
 def settle(pids, idle_share=0.05, window_s=0.2, timeout_s=30):
@@ -986,12 +998,8 @@ def target_rounds(work, points, rounds=TARGET_ROUNDS, seconds=None):
     try:
         for _ in range(rounds):
             for name, mode, c, url, model, dialect, pids in points:
-                before = sum(cpu_seconds(p) for p in pids)
-                r = wrk(url, body(model, mode == "stream", dialect), c, work)
-                after = sum(cpu_seconds(p) for p in pids)
-                r["cpu_us_per_request"] = (after - before) * 1e6 / r["requests"] if pids and r["requests"] else None
+                r = measure_point(work, url, body(model, mode == "stream", dialect), c, pids)
                 runs.setdefault(f"{mode} {name} c={c}", []).append(r)
-                settle(pids)
                 print(f"round  {mode:6} {name:29} c={c:<4} {r['rps']:9.0f} req/s  p50 {r['p50_ms']:.3f} ms"
                       + (f"  cpu {r['cpu_us_per_request']:.1f} us/req" if r["cpu_us_per_request"] else ""),
                       flush=True)

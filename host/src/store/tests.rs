@@ -1070,14 +1070,7 @@ suite!(
 #[tokio::test]
 async fn a_new_sqlite_file_has_16_kib_pages_and_an_old_one_keeps_its_own() {
     let db = TestDb::sqlite().await;
-    let Pool::Sqlite(pool) = db.store.pool() else {
-        unreachable!()
-    };
-    let size: i64 = sqlx::query_scalar("PRAGMA page_size")
-        .fetch_one(pool)
-        .await
-        .unwrap();
-    assert_eq!(size, 16384);
+    assert_eq!(sqlite_page_size(&db.store).await, 16384);
 
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("old.db");
@@ -1095,12 +1088,19 @@ async fn a_new_sqlite_file_has_16_kib_pages_and_an_old_one_keeps_its_own() {
     let store = Store::open(&format!("sqlite://{}", path.display()))
         .await
         .unwrap();
+    assert_eq!(
+        sqlite_page_size(&store).await,
+        4096,
+        "a file's page size stays as it was made"
+    );
+}
+
+async fn sqlite_page_size(store: &Store) -> i64 {
     let Pool::Sqlite(pool) = store.pool() else {
-        unreachable!()
+        unreachable!("a SQLite store")
     };
-    let size: i64 = sqlx::query_scalar("PRAGMA page_size")
+    sqlx::query_scalar("PRAGMA page_size")
         .fetch_one(pool)
         .await
-        .unwrap();
-    assert_eq!(size, 4096, "a file's page size stays as it was made");
+        .unwrap()
 }
