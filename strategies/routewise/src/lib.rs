@@ -91,31 +91,48 @@ impl DecisionTag {
             (false, false) => "-",
         };
         // Sized for the common case up front: growing the string while formatting was most of
-        // the cost of a decision.
+        // the cost of a decision. The integers are written by hand: `write!` with five arguments
+        // was a fifth of what `select` and `observe` cost together (natively; more in wasm).
         let mut tag = String::with_capacity(64);
-        let _ = write!(
-            tag,
-            "rw1:{:08x}-{}:{}:{:e}:{}",
-            self.epoch, self.seq, self.primary, self.predicted_cost, flags
-        );
+        tag.push_str("rw1:");
+        for shift in (0..8).rev() {
+            tag.push(HEX_DIGITS[(self.epoch >> (shift * 4)) as usize & 0xf] as char);
+        }
+        tag.push('-');
+        push_decimal(&mut tag, self.seq);
+        tag.push(':');
+        push_decimal(&mut tag, u64::from(self.primary));
+        tag.push(':');
+        let _ = write!(tag, "{:e}", self.predicted_cost);
+        tag.push(':');
+        tag.push_str(flags);
         tag
     }
 
     /// `None` for anything this strategy did not produce. Anything after a `;` is ignored (builds
     /// against WIT 0.1.0 appended their hedge request there as `;hedge=<ms>@<index>`).
     pub fn parse(text: &str) -> Option<Self> {
-        let text = text.split(';').next().unwrap_or_default();
-        let mut parts = text.split(':');
-        if parts.next()? != "rw1" {
+        let text = text.find(';').map_or(text, |end| &text[..end]);
+        // The four fields after the prefix, found in one pass over the bytes (five `split`
+        // searches cost as much as the rest of an observation).
+        let rest = text.strip_prefix("rw1:")?;
+        let mut fields = [""; 4];
+        let (mut field, mut start) = (0, 0);
+        for (i, byte) in rest.bytes().enumerate() {
+            if byte == b':' {
+                *fields.get_mut(field)? = &rest[start..i];
+                field += 1;
+                start = i + 1;
+            }
+        }
+        if field != 3 {
             return None;
         }
-        let (epoch, seq) = parts.next()?.split_once('-')?;
-        let primary = parts.next()?.parse().ok()?;
-        let predicted_cost = parts.next()?.parse().ok()?;
-        let flags = parts.next()?;
-        if parts.next().is_some() {
-            return None;
-        }
+        fields[3] = &rest[start..];
+        let [tagged, primary, predicted_cost, flags] = fields;
+        let (epoch, seq) = tagged.split_once('-')?;
+        let primary = primary.parse().ok()?;
+        let predicted_cost = predicted_cost.parse().ok()?;
         Some(Self {
             epoch: u32::from_str_radix(epoch, 16).ok()?,
             seq: seq.parse().ok()?,
@@ -124,6 +141,25 @@ impl DecisionTag {
             explore: flags.contains('e'),
             slot: flags.contains('c'),
         })
+    }
+}
+
+const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";
+
+/// Appends `value` in decimal, as `{}` writes it.
+fn push_decimal(out: &mut String, mut value: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (value % 10) as u8;
+        value /= 10;
+        if value == 0 {
+            break;
+        }
+    }
+    for &digit in &digits[at..] {
+        out.push(char::from(digit));
     }
 }
 

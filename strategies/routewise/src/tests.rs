@@ -616,12 +616,44 @@ fn tags_round_trip_and_reject_foreign_text() {
     };
     assert_eq!(tag.encode(), "rw1:deadbeef-42:3:3.5e-4:ec");
     assert_eq!(DecisionTag::parse(&tag.encode()), Some(tag));
+    // The hand-written encoding writes what `format!` does, at every width.
+    for (epoch, seq, primary, cost) in [
+        (0, 0, 0, 0.0),
+        (1, 9, 10, 1.0),
+        (0x0abc_0def, 1_000_000, u32::MAX, 12.5e-9),
+        (u32::MAX, u64::MAX, 7, f64::MAX),
+    ] {
+        let tag = DecisionTag {
+            epoch,
+            seq,
+            primary,
+            predicted_cost: cost,
+            explore: false,
+            slot: seq % 2 == 1,
+        };
+        let flags = if tag.slot { "c" } else { "-" };
+        let text = tag.encode();
+        assert_eq!(
+            text,
+            format!("rw1:{epoch:08x}-{seq}:{primary}:{cost:e}:{flags}")
+        );
+        assert_eq!(DecisionTag::parse(&text), Some(tag));
+        assert_eq!(
+            DecisionTag::parse(&format!("{text};hedge=2475@1")),
+            DecisionTag::parse(&text)
+        );
+    }
     for text in [
         "",
         "rw1",
+        "rw1:",
+        "rw1:00000001-1:0:0e0",
         "rw2:00000001-1:0:0e0:-",
         "rw1:zz-1:0:0e0:-",
         "rw1:1-1:0:0e0:-:x",
+        "rw1:1-1:0:0e0:-:x:y",
+        "rw1:11:0:0e0:-",
+        ":rw1:1-1:0:0e0:-",
     ] {
         assert_eq!(DecisionTag::parse(text), None, "{text}");
     }
