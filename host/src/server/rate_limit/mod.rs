@@ -411,7 +411,7 @@ mod tests {
     }
 
     #[test]
-    fn headers_name_the_tightest_counters() {
+    fn headers_carry_openai_names_and_values() {
         let headers = RateHeaders {
             requests: Some(Standing {
                 limit: 60,
