@@ -540,6 +540,23 @@ mod tests {
         assert_eq!(prompt_bucket(1_024), 10);
     }
 
+    /// The profile's CDF at each limit is the share of its live samples at or below it.
+    fn assert_cdf_counts_the_live_samples(
+        profile: &LatencyProfile,
+        limits: impl IntoIterator<Item = f64>,
+        after: u64,
+    ) {
+        let live: Vec<f64> = profile.samples.iter().map(|&(_, v)| v).collect();
+        for limit in limits {
+            let expected = live.iter().filter(|&&v| v <= limit).count() as f64 / live.len() as f64;
+            assert_eq!(
+                profile.cdf(limit),
+                Some(expected),
+                "after {after}, limit {limit}"
+            );
+        }
+    }
+
     /// Thousands of samples, many equal, through the cap and the window: runs split and empty,
     /// and the CDF still counts exactly what is live.
     #[test]
@@ -581,15 +598,11 @@ mod tests {
                     runs.len()
                 );
             }
-            for limit in [-1.0, 0.0, 0.5, 41.5, 42.0, 42.25, 199.5, 399.5, 400.0] {
-                let expected =
-                    live.iter().filter(|&&v| v <= limit).count() as f64 / live.len() as f64;
-                assert_eq!(
-                    profile.cdf(limit),
-                    Some(expected),
-                    "after {i}, limit {limit}"
-                );
-            }
+            assert_cdf_counts_the_live_samples(
+                &profile,
+                [-1.0, 0.0, 0.5, 41.5, 42.0, 42.25, 199.5, 399.5, 400.0],
+                i,
+            );
         }
         profile.trim(u64::MAX, 1);
         assert!(profile.sorted.is_empty() && profile.sorted.runs.is_empty());
@@ -605,17 +618,7 @@ mod tests {
         for (i, ms) in values.into_iter().enumerate() {
             // At most 8 samples, and a 6 ms window from the newest: both drop the oldest.
             profile.push(i as u64, ms, 6, 8);
-            let live: Vec<f64> = profile.samples.iter().map(|&(_, v)| v).collect();
-            for limit in 0..=13 {
-                let limit = f64::from(limit);
-                let expected =
-                    live.iter().filter(|&&v| v <= limit).count() as f64 / live.len() as f64;
-                assert_eq!(
-                    profile.cdf(limit),
-                    Some(expected),
-                    "after {i}, limit {limit}"
-                );
-            }
+            assert_cdf_counts_the_live_samples(&profile, (0..=13).map(f64::from), i as u64);
         }
         profile.trim(1_000, 6);
         assert_eq!(profile.cdf(100.0), None);
