@@ -29,7 +29,7 @@ mod tests;
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
+use std::rc::Rc;
 
 use serde_json::{Value, json};
 use switchyard_sdk::{
@@ -69,9 +69,11 @@ pub const EXPLORATION_LEASE_MS: u64 = 60_000;
 /// Identifies one decision in `decision.strategy-metadata`; the host hands it back in `observe`.
 ///
 /// Encoded as `rw1:<epoch 8 hex>-<seq>:<primary index>:<predicted cost USD>:<flags>`, e.g.
-/// `rw1:1f2e3d4c-42:2:3.5e-4:c`. `epoch` is fixed per router instance (so a re-created instance
-/// ignores its predecessor's decisions), `seq` counts decisions; flags are `e` (exploration),
-/// `c` (a concurrency slot was acquired for the primary) or `-`.
+/// `rw1:1f2e3d4c-42:2:0.00035:c`. `epoch` is fixed per router instance (so a re-created instance
+/// ignores its predecessor's decisions), `seq` counts decisions; the cost is the shortest text
+/// that reads back as the same `f64` (as JSON writes it; tags before that wrote `3.5e-4`, which
+/// still parses); flags are `e` (exploration), `c` (a concurrency slot was acquired for the
+/// primary) or `-`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DecisionTag {
     pub epoch: u32,
@@ -90,20 +92,20 @@ impl DecisionTag {
             (false, true) => "c",
             (false, false) => "-",
         };
-        // Sized for the common case up front: growing the string while formatting was most of
-        // the cost of a decision. The integers are written by hand: `write!` with five arguments
-        // was a fifth of what `select` and `observe` cost together (natively; more in wasm).
+        // Written piece by piece into a string sized up front: `write!` with five arguments, and
+        // then `{:e}` for the cost alone, were each a tenth of what `select` and `observe` cost
+        // together (natively; more in wasm). `zmij` and `itoa` are what serde_json writes with.
         let mut tag = String::with_capacity(64);
         tag.push_str("rw1:");
         for shift in (0..8).rev() {
             tag.push(HEX_DIGITS[(self.epoch >> (shift * 4)) as usize & 0xf] as char);
         }
         tag.push('-');
-        push_decimal(&mut tag, self.seq);
+        tag.push_str(itoa::Buffer::new().format(self.seq));
         tag.push(':');
-        push_decimal(&mut tag, u64::from(self.primary));
+        tag.push_str(itoa::Buffer::new().format(self.primary));
         tag.push(':');
-        let _ = write!(tag, "{:e}", self.predicted_cost);
+        tag.push_str(zmij::Buffer::new().format(self.predicted_cost));
         tag.push(':');
         tag.push_str(flags);
         tag
@@ -112,61 +114,51 @@ impl DecisionTag {
     /// `None` for anything this strategy did not produce. Anything after a `;` is ignored (builds
     /// against WIT 0.1.0 appended their hedge request there as `;hedge=<ms>@<index>`).
     pub fn parse(text: &str) -> Option<Self> {
-        let text = text.find(';').map_or(text, |end| &text[..end]);
-        // The four fields after the prefix, found in one pass over the bytes (five `split`
-        // searches cost as much as the rest of an observation).
         let rest = text.strip_prefix("rw1:")?;
+        // The fields, the `-` in the first and the end at `;`, found in one pass over the bytes
+        // (a `split` or `find` per field cost as much as the rest of an observation).
         let mut fields = [""; 4];
-        let (mut field, mut start) = (0, 0);
+        let (mut field, mut start, mut end, mut dash) = (0, 0, rest.len(), None);
         for (i, byte) in rest.bytes().enumerate() {
-            if byte == b':' {
-                *fields.get_mut(field)? = &rest[start..i];
-                field += 1;
-                start = i + 1;
+            match byte {
+                b':' => {
+                    *fields.get_mut(field)? = &rest[start..i];
+                    field += 1;
+                    start = i + 1;
+                }
+                b'-' if field == 0 && dash.is_none() => dash = Some(i),
+                b';' => {
+                    end = i;
+                    break;
+                }
+                _ => {}
             }
         }
         if field != 3 {
             return None;
         }
-        fields[3] = &rest[start..];
-        let [tagged, primary, predicted_cost, flags] = fields;
-        let (epoch, seq) = tagged.split_once('-')?;
-        let primary = primary.parse().ok()?;
-        let predicted_cost = predicted_cost.parse().ok()?;
+        fields[3] = &rest[start..end];
+        let [_, primary, predicted_cost, flags] = fields;
+        let dash = dash?;
+        let (epoch, seq) = (&rest[..dash], &rest[dash + 1..fields[0].len()]);
         Some(Self {
             epoch: u32::from_str_radix(epoch, 16).ok()?,
             seq: seq.parse().ok()?,
-            primary,
-            predicted_cost,
-            explore: flags.contains('e'),
-            slot: flags.contains('c'),
+            primary: primary.parse().ok()?,
+            predicted_cost: predicted_cost.parse().ok()?,
+            explore: flags.bytes().any(|b| b == b'e'),
+            slot: flags.bytes().any(|b| b == b'c'),
         })
     }
 }
 
 const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";
 
-/// Appends `value` in decimal, as `{}` writes it.
-fn push_decimal(out: &mut String, mut value: u64) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (value % 10) as u8;
-        value /= 10;
-        if value == 0 {
-            break;
-        }
-    }
-    for &digit in &digits[at..] {
-        out.push(char::from(digit));
-    }
-}
-
 /// One route of the table, as RouteWise keeps it.
 #[derive(Clone, Debug)]
 struct RouteEntry {
-    endpoint_id: String,
+    /// Shared with every decision's [`Evaluated`] entries: a decision copies no endpoint id.
+    endpoint_id: Rc<str>,
     pricing: Option<Pricing>,
     meta: Result<RouteMeta, String>,
 }
@@ -175,7 +167,7 @@ struct RouteEntry {
 #[derive(Clone, Debug)]
 struct Evaluated {
     index: u32,
-    endpoint_id: String,
+    endpoint_id: Rc<str>,
     kind: Option<ProviderKind>,
     pool: Option<String>,
     cost: f64,
@@ -413,7 +405,7 @@ impl RouteWise {
             let (ttft_ms, samples) = (self.params.latency_unprofiled_ttft_ms, 0);
             return Evaluated {
                 index: candidate.index,
-                endpoint_id: format!("#{}", candidate.index),
+                endpoint_id: format!("#{}", candidate.index).into(),
                 kind: None,
                 pool: None,
                 cost: 0.0,
@@ -424,7 +416,7 @@ impl RouteWise {
             };
         };
         let endpoint_id = route.endpoint_id.clone();
-        if let Some(profile) = self.latency.get_mut(&endpoint_id) {
+        if let Some(profile) = self.latency.get_mut(&*endpoint_id) {
             profile.trim(request.now_ms, window);
         }
         let (ttft_ms, samples) = self.ttft_estimate(&endpoint_id);
@@ -511,7 +503,7 @@ impl RouteWise {
         }
         let trusted = |e: &Evaluated| {
             self.latency
-                .get(&e.endpoint_id)
+                .get(&*e.endpoint_id)
                 .filter(|profile| profile.len() >= HEDGE_MIN_SAMPLES)
         };
         let primary_profile = trusted(&feasible[primary])?;
@@ -596,7 +588,7 @@ impl RouteWise {
     fn evaluated_json(e: &Evaluated, weight: Option<f64>) -> Value {
         json!({
             "index": e.index,
-            "endpoint_id": e.endpoint_id,
+            "endpoint_id": &*e.endpoint_id,
             "provider_type": e.kind.map(ProviderKind::as_str),
             "pool": e.pool,
             "cost": e.cost,
@@ -617,7 +609,7 @@ impl RouteWise {
             .iter()
             .zip(&last.plan.weights)
             .filter(|(_, w)| **w > 0.0)
-            .map(|(e, w)| (e.endpoint_id.clone(), json!(w)))
+            .map(|(e, w)| (e.endpoint_id.to_string(), json!(w)))
             .collect();
         let mut candidates: Vec<Value> = last
             .feasible
@@ -698,7 +690,7 @@ impl Strategy for RouteWise {
                 (
                     r.index,
                     RouteEntry {
-                        endpoint_id: r.endpoint_id.clone(),
+                        endpoint_id: r.endpoint_id.as_str().into(),
                         pricing: r.pricing,
                         meta,
                     },
@@ -874,7 +866,7 @@ impl Strategy for RouteWise {
             let chosen = &feasible[p];
             if explore.is_some() {
                 self.leases.insert(
-                    chosen.endpoint_id.clone(),
+                    chosen.endpoint_id.to_string(),
                     now.saturating_add(EXPLORATION_LEASE_MS),
                 );
                 self.counters.explorations += 1;
@@ -907,11 +899,11 @@ impl Strategy for RouteWise {
         }
         let above_remaining_budget = unaffordable
             .iter()
-            .map(|&p| feasible[p].endpoint_id.clone())
+            .map(|&p| feasible[p].endpoint_id.to_string())
             .collect();
         self.last = Some(LastDecision {
             at_ms: now,
-            explored: explore.map(|p| feasible[p].endpoint_id.clone()),
+            explored: explore.map(|p| feasible[p].endpoint_id.to_string()),
             exploration_probability: exploring.map(|(_, q)| q),
             primary: order.first().copied(),
             plan,
@@ -978,15 +970,18 @@ impl Strategy for RouteWise {
                 self.window_ms(),
                 self.params.latency_max_samples_per_profile as usize,
             );
-            let profile = match self.latency.get_mut(&endpoint_id) {
+            let profile = match self.latency.get_mut(&*endpoint_id) {
                 Some(profile) => profile,
-                None => self.latency.entry(endpoint_id.clone()).or_default(),
+                None => self.latency.entry(endpoint_id.to_string()).or_default(),
             };
             profile.push(now, sample, window, max);
             if !profile.is_empty() {
-                self.leases.remove(&endpoint_id);
+                self.leases.remove(&*endpoint_id);
             }
-            let streak = self.streaks.entry(endpoint_id).or_default();
+            let streak = match self.streaks.get_mut(&*endpoint_id) {
+                Some(streak) => streak,
+                None => self.streaks.entry(endpoint_id.to_string()).or_default(),
+            };
             if observation.success || first_token.is_some() {
                 *streak = Streak::default();
             }
@@ -1026,20 +1021,20 @@ impl Strategy for RouteWise {
         let mut latency = serde_json::Map::new();
         let mut routes = Vec::new();
         for (index, entry) in &self.routes {
-            let profile = self.latency.get(&entry.endpoint_id);
+            let profile = self.latency.get(&*entry.endpoint_id);
             let (estimate, samples) = self.ttft_estimate(&entry.endpoint_id);
             latency.insert(
-                entry.endpoint_id.clone(),
+                entry.endpoint_id.to_string(),
                 json!({
                     "samples": samples,
                     "mean_ttft_ms": profile.and_then(LatencyProfile::mean),
                     "estimate_ms": estimate,
                     "slo_share": profile.and_then(|p| p.slo_share(slo_ms)),
-                    "exploration_lease_until_ms": self.leases.get(&entry.endpoint_id)
+                    "exploration_lease_until_ms": self.leases.get(&*entry.endpoint_id)
                         .filter(|&&until| now < until),
-                    "failure_streak": self.streaks.get(&entry.endpoint_id)
+                    "failure_streak": self.streaks.get(&*entry.endpoint_id)
                         .map_or(0, |s| s.failures),
-                    "cooldown_until_ms": self.streaks.get(&entry.endpoint_id)
+                    "cooldown_until_ms": self.streaks.get(&*entry.endpoint_id)
                         .map(|s| s.cooldown_until_ms)
                         .filter(|&until| now < until),
                 }),
@@ -1047,14 +1042,14 @@ impl Strategy for RouteWise {
             routes.push(match &entry.meta {
                 Ok(meta) => json!({
                     "index": index,
-                    "endpoint_id": entry.endpoint_id,
+                    "endpoint_id": &*entry.endpoint_id,
                     "provider_type": meta.kind.as_str(),
                     "pool": (meta.kind != ProviderKind::OnDemand).then_some(&meta.pool),
                     "priced": entry.pricing.is_some(),
                 }),
                 Err(error) => json!({
                     "index": index,
-                    "endpoint_id": entry.endpoint_id,
+                    "endpoint_id": &*entry.endpoint_id,
                     "metadata_error": error,
                 }),
             });
@@ -1174,10 +1169,10 @@ impl Strategy for RouteWise {
     fn tick(&mut self, now_ms: u64) {
         self.expire(now_ms);
         let window = self.window_ms();
-        let known: Vec<&String> = self.routes.values().map(|r| &r.endpoint_id).collect();
+        let known: Vec<&str> = self.routes.values().map(|r| &*r.endpoint_id).collect();
         self.latency.retain(|endpoint, profile| {
             profile.trim(now_ms, window);
-            !profile.is_empty() || known.contains(&endpoint)
+            !profile.is_empty() || known.contains(&endpoint.as_str())
         });
         let settings = self.envelope_settings();
         self.envelope.bounds(now_ms, settings);

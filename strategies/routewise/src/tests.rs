@@ -614,14 +614,19 @@ fn tags_round_trip_and_reject_foreign_text() {
         explore: true,
         slot: true,
     };
-    assert_eq!(tag.encode(), "rw1:deadbeef-42:3:3.5e-4:ec");
-    assert_eq!(DecisionTag::parse(&tag.encode()), Some(tag));
-    // The hand-written encoding writes what `format!` does, at every width.
+    assert_eq!(tag.encode(), "rw1:deadbeef-42:3:0.00035:ec");
+    assert_eq!(DecisionTag::parse(&tag.encode()), Some(tag.clone()));
+    // Tags written before the cost was written as JSON writes it still read the same.
+    assert_eq!(DecisionTag::parse("rw1:deadbeef-42:3:3.5e-4:ec"), Some(tag));
+    // The hand-written encoding writes the integers as `format!` does, at every width, and a cost
+    // that reads back as the same number.
     for (epoch, seq, primary, cost) in [
         (0, 0, 0, 0.0),
         (1, 9, 10, 1.0),
         (0x0abc_0def, 1_000_000, u32::MAX, 12.5e-9),
+        (7, 3, 1, 0.1 * 9e-6 + 0.4 * 16e-6),
         (u32::MAX, u64::MAX, 7, f64::MAX),
+        (2, 5, 0, f64::MIN_POSITIVE),
     ] {
         let tag = DecisionTag {
             epoch,
@@ -633,10 +638,13 @@ fn tags_round_trip_and_reject_foreign_text() {
         };
         let flags = if tag.slot { "c" } else { "-" };
         let text = tag.encode();
-        assert_eq!(
-            text,
-            format!("rw1:{epoch:08x}-{seq}:{primary}:{cost:e}:{flags}")
-        );
+        let (head, cost_text) = text
+            .strip_suffix(&format!(":{flags}"))
+            .and_then(|t| t.rsplit_once(':'))
+            .expect("four fields");
+        assert_eq!(head, format!("rw1:{epoch:08x}-{seq}:{primary}"));
+        assert_eq!(cost_text.parse::<f64>(), Ok(cost), "{text}");
+        assert!(cost_text.len() <= format!("{cost:e}").len() + 2, "{text}");
         assert_eq!(DecisionTag::parse(&text), Some(tag));
         assert_eq!(
             DecisionTag::parse(&format!("{text};hedge=2475@1")),
@@ -654,6 +662,9 @@ fn tags_round_trip_and_reject_foreign_text() {
         "rw1:1-1:0:0e0:-:x:y",
         "rw1:11:0:0e0:-",
         ":rw1:1-1:0:0e0:-",
+        "rw1:00000001:1:0:0e0:-",
+        "rw1:00000001-1:0:0e0;:-",
+        "rw1:00000001-1-2:0:0e0:-",
     ] {
         assert_eq!(DecisionTag::parse(text), None, "{text}");
     }
