@@ -28,9 +28,12 @@ to Anthropic upstream streams. `--phases stream,Anthropic` keeps the phases whos
 one of the words (`--phases "stream, fixed|Anthropic"`, split on `|`, keeps the three streams only). Prints a table of
 instructions per request (also split into the request path and the request log's SQLite thread, each
 the median of its own windows) and the top functions by self cost of each phase (from `callgrind_annotate`),
-and writes bench/results/callgrind.json.
+and writes bench/results/callgrind.json. The gateway runs with `SWITCHYARD_WASM_PROFILER=perfmap`, so
+a strategy's compiled code shows in those tables as `wasm <function>` instead of `???:0x…` (a
+binary without the knob ignores it; `--keep-dumps` keeps the map beside the dumps as `perf.map`).
 """
 
+import bisect
 import http.client
 import json
 import os
@@ -124,14 +127,44 @@ def count_window(gw, work, label, during):
     return str(sorted(work.glob(f"cg.out.{gw.pid}.*"), key=os.path.getmtime)[-1])
 
 
-def top_functions(path, n=25):
+def perf_map(pid):
+    """`(start, end, name)` of the strategy code wasmtime compiled in process `pid`, sorted: the
+    gateway runs with `SWITCHYARD_WASM_PROFILER=perfmap`, which writes them to /tmp/perf-<pid>.map
+    (valgrind keeps the pid). Callgrind knows JIT code only by address (`???:0x…`)."""
+    entries = []
+    path = Path(f"/tmp/perf-{pid}.map")
+    if path.exists():
+        for line in path.read_text(errors="replace").splitlines():
+            parts = line.split(" ", 2)
+            if len(parts) == 3:
+                start, size = int(parts[0], 16), int(parts[1], 16)
+                entries.append((start, start + size, parts[2]))
+    return sorted(entries)
+
+
+JIT_ADDRESS = re.compile(r"\?\?\?:0x([0-9a-f]+) \[\?\?\?\]")
+
+
+def named(function, entries):
+    """`function` with a JIT address replaced by the strategy function that holds it."""
+    m = JIT_ADDRESS.fullmatch(function)
+    if not m or not entries:
+        return function
+    address = int(m.group(1), 16)
+    i = bisect.bisect_right(entries, (address, float("inf"), "")) - 1
+    if i >= 0 and entries[i][0] <= address < entries[i][1]:
+        return f"wasm {entries[i][2]}"
+    return function
+
+
+def top_functions(path, n=25, entries=()):
     out = subprocess.run(["callgrind_annotate", "--inclusive=no", "--threshold=99", "--auto=no", path],
                          capture_output=True, text=True).stdout
     rows = []
     for line in out.splitlines():
         m = re.match(r"\s*([\d,]+)\s+\(\s*([\d.]+)%\)\s+(.*)", line)
         if m and "PROGRAM TOTALS" not in line:
-            rows.append((int(m.group(1).replace(",", "")), m.group(3).strip()))
+            rows.append((int(m.group(1).replace(",", "")), named(m.group(3).strip(), entries)))
     return rows[:n]
 
 
@@ -162,7 +195,8 @@ def main():
     binary = Path(arg("--binary", "")) if "--binary" in sys.argv else bench.build()
     work = Path(tempfile.mkdtemp(prefix="switchyard-callgrind-"))
     env = dict(os.environ, RUST_LOG="warn", ROUTING_AFFINITY_ENABLED="0", SWITCHYARD_DEFAULT_AUTH="disabled",
-               SWITCHYARD_BUILTIN_STRATEGIES=str(bench.target_dir() / "strategies"))
+               SWITCHYARD_BUILTIN_STRATEGIES=str(bench.target_dir() / "strategies"),
+               SWITCHYARD_WASM_PROFILER="perfmap")
     traces = "--traces" in sys.argv
     # `--keep-dumps DIR`: copy each phase's median window there, for `callgrind_annotate --inclusive=yes`
     # or a caller tree (the work directory is removed at the end).
@@ -247,6 +281,8 @@ def main():
             if keep_dumps:
                 keep_dumps.mkdir(parents=True, exist_ok=True)
                 shutil.copy(dump, keep_dumps / f"phase{i}.{re.sub(r'[^a-z0-9]+', '-', name.lower()).strip('-')}.out")
+                if Path(f"/tmp/perf-{gw.pid}.map").exists():
+                    shutil.copy(f"/tmp/perf-{gw.pid}.map", keep_dumps / "perf.map")
             per_window = [t // REQUESTS for t, _, _ in windows]
             results.append({"phase": name, "instructions_per_request": total // REQUESTS,
                             "windows": per_window,
@@ -254,7 +290,7 @@ def main():
                             "request_path_windows": request_path,
                             "database_thread_per_request": median(database),
                             "database_thread_windows": database,
-                            "top": [(c // REQUESTS, f) for c, f in top_functions(dump)]})
+                            "top": [(c // REQUESTS, f) for c, f in top_functions(dump, entries=perf_map(gw.pid))]})
             print(f"{name}: {total // REQUESTS:,} instructions per request (median of {per_window}); "
                   f"request path {median(request_path):,} (of {request_path}), request log's SQLite thread "
                   f"{median(database):,} (of {database})", flush=True)
@@ -275,6 +311,8 @@ def main():
             print()
     finally:
         bench.stop_processes(list(reversed(procs)), timeout=30)
+        for gw_proc in procs[1:]:
+            Path(f"/tmp/perf-{gw_proc.pid}.map").unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

@@ -100,6 +100,9 @@ impl StrategyEngine {
         config.epoch_interruption(true);
         // Strategies are synchronous; skipping the async-task bookkeeping roughly halves call overhead.
         config.concurrency_support(false);
+        if let Some(profiler) = profiler_from_env()? {
+            config.profiler(profiler);
+        }
         if let Some(dir) = cache_dir() {
             let mut cache_config = wasmtime::CacheConfig::new();
             cache_config.with_directory(dir);
@@ -347,6 +350,30 @@ fn spawn_epoch_ticker(engine: &Engine, demand: Arc<TickDemand>) {
 }
 
 /// `$SWITCHYARD_CACHE_DIR`, else `$XDG_CACHE_HOME/switchyard`, else `~/.cache/switchyard`.
+/// `SWITCHYARD_WASM_PROFILER=perfmap` names compiled strategy code in `/tmp/perf-<pid>.map`: what
+/// `perf report` reads, and what turns callgrind's `???:0x…` entries into guest functions. Unset
+/// or `none`: nothing (the default; each compiled function is written out once, at load).
+/// wasmtime's `jitdump` needs its `profiling` feature, which this build leaves out.
+fn profiler_from_env() -> Result<Option<wasmtime::ProfilingStrategy>, StrategyError> {
+    profiler(std::env::var_os("SWITCHYARD_WASM_PROFILER").as_deref())
+}
+
+fn profiler(
+    value: Option<&std::ffi::OsStr>,
+) -> Result<Option<wasmtime::ProfilingStrategy>, StrategyError> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    match value.to_str() {
+        Some("" | "none") => Ok(None),
+        Some("perfmap") => Ok(Some(wasmtime::ProfilingStrategy::PerfMap)),
+        _ => Err(StrategyError::Engine(format!(
+            "SWITCHYARD_WASM_PROFILER={}: expected perfmap or none",
+            value.to_string_lossy()
+        ))),
+    }
+}
+
 fn cache_dir() -> Option<PathBuf> {
     if let Some(dir) = std::env::var_os("SWITCHYARD_CACHE_DIR") {
         if dir.is_empty() {
@@ -365,6 +392,28 @@ mod tests {
     use std::time::Instant;
 
     use super::*;
+
+    #[test]
+    fn the_profiler_knob_takes_perfmap_or_none_and_names_itself_otherwise() {
+        use std::ffi::OsStr;
+        assert!(matches!(profiler(None), Ok(None)));
+        assert!(matches!(profiler(Some(OsStr::new("none"))), Ok(None)));
+        assert!(matches!(profiler(Some(OsStr::new(""))), Ok(None)));
+        assert!(matches!(
+            profiler(Some(OsStr::new("perfmap"))),
+            Ok(Some(wasmtime::ProfilingStrategy::PerfMap))
+        ));
+        for wrong in ["jitdump", "PerfMap", "vtune"] {
+            let err = profiler(Some(OsStr::new(wrong)))
+                .expect_err(wrong)
+                .to_string();
+            assert!(
+                err.contains(&format!("SWITCHYARD_WASM_PROFILER={wrong}"))
+                    && err.contains("perfmap"),
+                "{err}"
+            );
+        }
+    }
 
     /// Waits up to 30 s (a loaded machine) for the ticker to be parked or not.
     fn wait_parked(engine: &StrategyEngine, parked: bool) {
