@@ -34,7 +34,7 @@ use std::rc::Rc;
 use serde_json::{Value, json};
 use switchyard_sdk::{
     Candidate, Decision, LogLevel, Observation, Pricing, Request, Rng, Strategy, StrategyInfo,
-    Upstream, declared_positions, log,
+    Upstream, log,
 };
 
 pub use capacity::{CONCURRENCY_ACQUIRE_TIMEOUT_MS, QuotaState};
@@ -114,41 +114,85 @@ impl DecisionTag {
     /// `None` for anything this strategy did not produce. Anything after a `;` is ignored (builds
     /// against WIT 0.1.0 appended their hedge request there as `;hedge=<ms>@<index>`).
     pub fn parse(text: &str) -> Option<Self> {
+        let key = TagKey::parse(text)?;
+        Some(Self {
+            epoch: key.epoch,
+            seq: key.seq,
+            primary: key.primary,
+            predicted_cost: key.cost.parse().ok()?,
+            explore: key.flags.contains(&b'e'),
+            slot: key.flags.contains(&b'c'),
+        })
+    }
+}
+
+/// The part of a [`DecisionTag`] `observe` reads: which decision it was, and its primary. The cost
+/// is checked to look like a number but not converted (in wasm, reading the `f64` was about a third
+/// of what reading the whole tag cost).
+#[derive(Debug, PartialEq)]
+struct TagKey<'a> {
+    epoch: u32,
+    seq: u64,
+    primary: u32,
+    cost: &'a str,
+    flags: &'a [u8],
+}
+
+impl<'a> TagKey<'a> {
+    /// The integers are read by hand as their fields are found (`str::parse` and `split` were
+    /// most of what reading a tag cost).
+    fn parse(text: &'a str) -> Option<Self> {
         let rest = text.strip_prefix("rw1:")?;
-        // The fields, the `-` in the first and the end at `;`, found in one pass over the bytes
-        // (a `split` or `find` per field cost as much as the rest of an observation).
-        let mut fields = [""; 4];
-        let (mut field, mut start, mut end, mut dash) = (0, 0, rest.len(), None);
-        for (i, byte) in rest.bytes().enumerate() {
-            match byte {
-                b':' => {
-                    *fields.get_mut(field)? = &rest[start..i];
-                    field += 1;
-                    start = i + 1;
-                }
-                b'-' if field == 0 && dash.is_none() => dash = Some(i),
-                b';' => {
-                    end = i;
-                    break;
-                }
-                _ => {}
-            }
-        }
-        if field != 3 {
+        let end = rest.bytes().position(|b| b == b';').unwrap_or(rest.len());
+        let mut bytes = Bytes(&rest.as_bytes()[..end]);
+        let epoch = u32::try_from(bytes.number(16, b'-')?).ok()?;
+        let seq = bytes.number(10, b':')?;
+        let primary = u32::try_from(bytes.number(10, b':')?).ok()?;
+        let cost_len = bytes.0.iter().position(|&b| b == b':')?;
+        let cost = rest.get(end - bytes.0.len()..end - bytes.0.len() + cost_len)?;
+        let flags = &bytes.0[cost_len + 1..];
+        let numeric = |b: u8| b.is_ascii_digit() || matches!(b, b'.' | b'e' | b'E' | b'+' | b'-');
+        let looks_like_a_number = !cost.is_empty()
+            && (cost.bytes().all(numeric) || matches!(cost, "inf" | "-inf" | "NaN"));
+        (looks_like_a_number && !flags.contains(&b':')).then_some(Self {
+            epoch,
+            seq,
+            primary,
+            cost,
+            flags,
+        })
+    }
+}
+
+/// The bytes of a tag not read yet.
+struct Bytes<'a>(&'a [u8]);
+
+impl Bytes<'_> {
+    /// Reads digits in `radix` (at least one; 10 or 16, lower-case) up to `end`, which it consumes;
+    /// `None` on anything else, or past `u64`.
+    fn number(&mut self, radix: u64, end: u8) -> Option<u64> {
+        let len = self.0.iter().position(|&b| b == end)?;
+        if len == 0 {
             return None;
         }
-        fields[3] = &rest[start..end];
-        let [_, primary, predicted_cost, flags] = fields;
-        let dash = dash?;
-        let (epoch, seq) = (&rest[..dash], &rest[dash + 1..fields[0].len()]);
-        Some(Self {
-            epoch: u32::from_str_radix(epoch, 16).ok()?,
-            seq: seq.parse().ok()?,
-            primary: primary.parse().ok()?,
-            predicted_cost: predicted_cost.parse().ok()?,
-            explore: flags.bytes().any(|b| b == b'e'),
-            slot: flags.bytes().any(|b| b == b'c'),
-        })
+        // So many digits cannot overflow a u64, so only those after them are checked: in wasm a
+        // checked u64 multiply is a call to a 128-bit multiply, and it was one per digit.
+        let unchecked = if radix == 16 { 15 } else { 19 };
+        let mut value: u64 = 0;
+        for (i, &b) in self.0[..len].iter().enumerate() {
+            let digit = u64::from(match b {
+                b'0'..=b'9' => b - b'0',
+                b'a'..=b'f' if radix == 16 => b - b'a' + 10,
+                _ => return None,
+            });
+            value = if i < unchecked {
+                value * radix + digit
+            } else {
+                value.checked_mul(radix)?.checked_add(digit)?
+            };
+        }
+        self.0 = &self.0[len + 1..];
+        Some(value)
     }
 }
 
@@ -241,6 +285,19 @@ struct Counters {
     budget_pressured: u64,
 }
 
+/// Buffers a decision fills and the next one reuses (cleared, never shrunk).
+#[derive(Debug, Default)]
+struct Scratch {
+    /// Candidate positions in declared order, then `feasible` positions in fallback order.
+    positions: Vec<usize>,
+    /// Positions into `feasible` the plan weighs, and those the remaining budget leaves out.
+    in_plan: Vec<usize>,
+    unaffordable: Vec<usize>,
+    /// Cost and TTFT of the `in_plan` routes, the LP's inputs.
+    costs: Vec<f64>,
+    ttft: Vec<f64>,
+}
+
 /// The router of one model.
 #[derive(Debug)]
 pub struct RouteWise {
@@ -262,6 +319,7 @@ pub struct RouteWise {
     counters: Counters,
     /// Latest `now-ms` seen, for `status`.
     now_ms: u64,
+    scratch: Scratch,
 }
 
 /// `(prompt − cached) · prompt + cached · cache_reads + completion · completion` per million, in
@@ -416,10 +474,14 @@ impl RouteWise {
             };
         };
         let endpoint_id = route.endpoint_id.clone();
-        if let Some(profile) = self.latency.get_mut(&*endpoint_id) {
-            profile.trim(request.now_ms, window);
-        }
-        let (ttft_ms, samples) = self.ttft_estimate(&endpoint_id);
+        let unprofiled = self.params.latency_unprofiled_ttft_ms;
+        let (ttft_ms, samples) = match self.latency.get_mut(&*endpoint_id) {
+            Some(profile) => {
+                profile.trim(request.now_ms, window);
+                (profile.mean().unwrap_or(unprofiled), profile.len())
+            }
+            None => (unprofiled, 0),
+        };
         let mut evaluated = Evaluated {
             index: candidate.index,
             endpoint_id,
@@ -498,6 +560,8 @@ impl RouteWise {
     fn hedge(&self, feasible: &[Evaluated], primary: usize, skip: &[usize]) -> Option<(u64, u32)> {
         if self.params.latency_hedge_mode != HedgeMode::ProbabilityTarget
             || self.params.fallback_mode == FallbackMode::Strict
+            // No other route to race: no profile to look up.
+            || feasible.len() < 2
         {
             return None;
         }
@@ -538,28 +602,29 @@ impl RouteWise {
     }
 
     /// Mixture routes by (weight desc, TTFT, cost, index); then the others by (over budget, TTFT,
-    /// cost, index). Positions into `feasible`.
-    fn fallback_positions(feasible: &[Evaluated], plan: &Plan) -> Vec<usize> {
+    /// cost, index). Positions into `feasible`, written to `positions`.
+    fn fallback_positions(feasible: &[Evaluated], plan: &Plan, positions: &mut Vec<usize>) {
         let weight = |p: usize| plan.weights.get(p).copied().unwrap_or(0.0);
-        let (mut mass, mut rest): (Vec<usize>, Vec<usize>) =
-            (0..feasible.len()).partition(|&p| weight(p) > 0.0);
         let by_speed_then_cost = |a: &Evaluated, b: &Evaluated| {
             float_order(a.ttft_ms, b.ttft_ms)
                 .then(float_order(a.cost, b.cost))
                 .then(a.index.cmp(&b.index))
         };
-        mass.sort_by(|&a, &b| {
-            float_order(weight(b), weight(a))
-                .then_with(|| by_speed_then_cost(&feasible[a], &feasible[b]))
-        });
         let over = |p: usize| feasible[p].cost > plan.budget + lp::LP_EPS;
-        rest.sort_by(|&a, &b| {
-            over(a)
-                .cmp(&over(b))
+        positions.clear();
+        positions.extend(0..feasible.len());
+        // One sort, the mixture's routes first: what sorting each side of a partition did.
+        positions.sort_by(|&a, &b| {
+            let (in_a, in_b) = (weight(a) > 0.0, weight(b) > 0.0);
+            in_b.cmp(&in_a).then_with(|| {
+                if in_a {
+                    float_order(weight(b), weight(a))
+                } else {
+                    over(a).cmp(&over(b))
+                }
                 .then_with(|| by_speed_then_cost(&feasible[a], &feasible[b]))
+            })
         });
-        mass.extend(rest);
-        mass
     }
 
     /// The cheapest on-demand cost of a served request, or the reference price when the model has no
@@ -670,6 +735,7 @@ impl Strategy for RouteWise {
             last: None,
             counters: Counters::default(),
             now_ms: 0,
+            scratch: Scratch::default(),
         })
     }
 
@@ -740,11 +806,27 @@ impl Strategy for RouteWise {
             self.output_thresholds(),
         );
         let envelope = self.envelope.bounds(now, self.envelope_settings());
-        let (mut feasible, mut excluded): (Vec<Evaluated>, Vec<Evaluated>) =
-            declared_positions(candidates)
-                .into_iter()
-                .map(|p| self.evaluate(request, &candidates[p], output_tokens, envelope))
-                .partition(|e| e.excluded.is_none());
+        // The buffers of the last decision and of the scratch space, reused: a decision allocates
+        // little more than what it hands to the host (its order and tag). In wasm every
+        // allocation is a call into the guest's allocator, and ten a decision were a tenth of it.
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let (mut feasible, mut excluded) = self
+            .last
+            .take()
+            .map(|last| (last.feasible, last.excluded))
+            .unwrap_or_default();
+        feasible.clear();
+        excluded.clear();
+        scratch.positions.clear();
+        scratch.positions.extend(0..candidates.len());
+        scratch.positions.sort_by_key(|&p| candidates[p].index);
+        for &p in &scratch.positions {
+            let evaluated = self.evaluate(request, &candidates[p], output_tokens, envelope);
+            match evaluated.excluded {
+                None => feasible.push(evaluated),
+                Some(_) => excluded.push(evaluated),
+            }
+        }
         // A route another request is exploring (no samples yet, a live lease) leaves the plan
         // until its answer comes, as in the reference, while another route is feasible. When
         // every feasible route is being explored they stay (the reference refuses then), so a
@@ -767,24 +849,42 @@ impl Strategy for RouteWise {
         let remaining = request
             .remaining_budget_usd
             .filter(|r| !r.is_nan() && self.params.budget_pressure_requests > 0);
-        let (in_plan, unaffordable): (Vec<usize>, Vec<usize>) = match remaining {
-            Some(r) => (0..feasible.len()).partition(|&p| feasible[p].cost <= r),
-            None => ((0..feasible.len()).collect(), Vec::new()),
-        };
-        let (in_plan, unaffordable) = if in_plan.is_empty() {
-            ((0..feasible.len()).collect(), Vec::new())
-        } else {
-            (in_plan, unaffordable)
-        };
-        let costs: Vec<f64> = in_plan.iter().map(|&p| feasible[p].cost).collect();
-        let ttft: Vec<f64> = in_plan.iter().map(|&p| feasible[p].ttft_ms).collect();
+        let Scratch {
+            positions,
+            in_plan,
+            unaffordable,
+            costs,
+            ttft,
+        } = &mut scratch;
+        in_plan.clear();
+        unaffordable.clear();
+        match remaining {
+            Some(r) => {
+                for (p, e) in feasible.iter().enumerate() {
+                    if e.cost <= r {
+                        in_plan.push(p);
+                    } else {
+                        unaffordable.push(p);
+                    }
+                }
+            }
+            None => in_plan.extend(0..feasible.len()),
+        }
+        if in_plan.is_empty() {
+            in_plan.extend(0..feasible.len());
+            unaffordable.clear();
+        }
+        costs.clear();
+        costs.extend(in_plan.iter().map(|&p| feasible[p].cost));
+        ttft.clear();
+        ttft.extend(in_plan.iter().map(|&p| feasible[p].ttft_ms));
         let alpha = lp::pressured_alpha(
             self.params.budget_alpha,
-            lp::budget(&costs, self.params.budget_alpha),
+            lp::budget(costs, self.params.budget_alpha),
             remaining,
             self.params.budget_pressure_requests,
         );
-        let mut plan = lp::plan(&costs, &ttft, alpha);
+        let mut plan = lp::plan(costs, ttft, alpha);
         if !unaffordable.is_empty() {
             let mut weights = vec![0.0; feasible.len()];
             for (&p, &w) in in_plan.iter().zip(&plan.weights) {
@@ -845,10 +945,9 @@ impl Strategy for RouteWise {
             None => pinned.or_else(|| lp::sample(&plan.weights, u)),
         };
 
-        let mut order: Vec<u32> = Self::fallback_positions(&feasible, &plan)
-            .into_iter()
-            .map(|p| feasible[p].index)
-            .collect();
+        Self::fallback_positions(&feasible, &plan, positions);
+        let mut order: Vec<u32> = Vec::with_capacity(feasible.len() + excluded.len());
+        order.extend(positions.iter().map(|&p| feasible[p].index));
         // Excluded candidates last, in declared order: a last resort rather than no answer (and the
         // only way a model whose routes are all excluded still gets traffic to learn from).
         order.extend(excluded.iter().map(|e| e.index));
@@ -893,7 +992,7 @@ impl Strategy for RouteWise {
             .encode(),
             None => String::new(),
         };
-        let hedge = primary.and_then(|p| self.hedge(&feasible, p, &unaffordable));
+        let hedge = primary.and_then(|p| self.hedge(&feasible, p, unaffordable));
         if hedge.is_some() {
             self.counters.hedges_planned += 1;
         }
@@ -916,6 +1015,7 @@ impl Strategy for RouteWise {
             remaining_budget_usd: request.remaining_budget_usd,
             above_remaining_budget,
         });
+        self.scratch = scratch;
         let decision = Decision::new(order).with_metadata(metadata);
         Ok(match hedge {
             Some((at_ms, backup)) => {
@@ -929,8 +1029,8 @@ impl Strategy for RouteWise {
         let now = observation.now_ms;
         self.now_ms = self.now_ms.max(now);
         self.counters.observations += 1;
-        let tag = DecisionTag::parse(&observation.strategy_metadata)
-            .filter(|t| Some(t.epoch) == self.epoch);
+        let tag =
+            TagKey::parse(&observation.strategy_metadata).filter(|t| Some(t.epoch) == self.epoch);
         match &tag {
             // Attempts are sequential: any attempt of the request means the primary's is over.
             Some(tag) => {
@@ -978,14 +1078,16 @@ impl Strategy for RouteWise {
             if !profile.is_empty() {
                 self.leases.remove(&*endpoint_id);
             }
-            let streak = match self.streaks.get_mut(&*endpoint_id) {
-                Some(streak) => streak,
-                None => self.streaks.entry(endpoint_id.to_string()).or_default(),
-            };
             if observation.success || first_token.is_some() {
-                *streak = Streak::default();
+                // An absent streak reads as a default one everywhere (`status` shows 0), so the
+                // map stays empty while endpoints answer and the request path looks nothing up.
+                self.streaks.remove(&*endpoint_id);
             }
             if server_failure {
+                let streak = match self.streaks.get_mut(&*endpoint_id) {
+                    Some(streak) => streak,
+                    None => self.streaks.entry(endpoint_id.to_string()).or_default(),
+                };
                 streak.failures += 1;
                 if streak.failures >= COOLDOWN_AFTER_FAILURES {
                     if now >= streak.cooldown_until_ms {

@@ -5,7 +5,7 @@ use switchyard_sdk::{
     Candidate, HedgeRequest, Observation, Pricing, Request, Rng, Strategy, Upstream, parse_params,
 };
 
-use crate::{DecisionTag, EXPLORATION_LEASE_MS, RouteWise};
+use crate::{DecisionTag, EXPLORATION_LEASE_MS, RouteWise, TagKey};
 
 const M: &str = "m";
 
@@ -665,8 +665,15 @@ fn tags_round_trip_and_reject_foreign_text() {
         "rw1:00000001:1:0:0e0:-",
         "rw1:00000001-1:0:0e0;:-",
         "rw1:00000001-1-2:0:0e0:-",
+        "rw1:00000001-1:0:zz:-",
+        "rw1:00000001-1:0::-",
+        "rw1:100000000-1:0:0e0:-",
+        "rw1:00000001-18446744073709551616:0:0e0:-",
+        "rw1:00000001-1:4294967296:0e0:-",
     ] {
         assert_eq!(DecisionTag::parse(text), None, "{text}");
+        // What `observe` reads refuses the same texts.
+        assert_eq!(TagKey::parse(text), None, "{text}");
     }
 }
 
