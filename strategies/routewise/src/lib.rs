@@ -139,22 +139,17 @@ struct TagKey<'a> {
 }
 
 impl<'a> TagKey<'a> {
-    /// The integers are read by hand as their fields are found (`str::parse` and `split` were
-    /// most of what reading a tag cost).
+    /// One pass over the bytes, the integers read by hand as they go by (`str::parse`, `split`
+    /// and a scan for each field's end were most of what reading a tag cost).
     fn parse(text: &'a str) -> Option<Self> {
         let rest = text.strip_prefix("rw1:")?;
-        let end = rest.bytes().position(|b| b == b';').unwrap_or(rest.len());
-        let mut bytes = Bytes(&rest.as_bytes()[..end]);
+        let mut bytes = Bytes { text: rest, at: 0 };
         let epoch = u32::try_from(bytes.number(16, b'-')?).ok()?;
         let seq = bytes.number(10, b':')?;
         let primary = u32::try_from(bytes.number(10, b':')?).ok()?;
-        let cost_len = bytes.0.iter().position(|&b| b == b':')?;
-        let cost = rest.get(end - bytes.0.len()..end - bytes.0.len() + cost_len)?;
-        let flags = &bytes.0[cost_len + 1..];
-        let numeric = |b: u8| b.is_ascii_digit() || matches!(b, b'.' | b'e' | b'E' | b'+' | b'-');
-        let looks_like_a_number = !cost.is_empty()
-            && (cost.bytes().all(numeric) || matches!(cost, "inf" | "-inf" | "NaN"));
-        (looks_like_a_number && !flags.contains(&b':')).then_some(Self {
+        let cost = bytes.cost()?;
+        let flags = bytes.flags()?;
+        Some(Self {
             epoch,
             seq,
             primary,
@@ -164,35 +159,66 @@ impl<'a> TagKey<'a> {
     }
 }
 
-/// The bytes of a tag not read yet.
-struct Bytes<'a>(&'a [u8]);
+/// A tag after its `rw1:`, and how far it has been read.
+struct Bytes<'a> {
+    text: &'a str,
+    at: usize,
+}
 
-impl Bytes<'_> {
-    /// Reads digits in `radix` (at least one; 10 or 16, lower-case) up to `end`, which it consumes;
+impl<'a> Bytes<'a> {
+    /// Reads digits in `radix` (at least one; 10 or 16, lower-case) and the `end` after them;
     /// `None` on anything else, or past `u64`.
     fn number(&mut self, radix: u64, end: u8) -> Option<u64> {
-        let len = self.0.iter().position(|&b| b == end)?;
-        if len == 0 {
-            return None;
-        }
         // So many digits cannot overflow a u64, so only those after them are checked: in wasm a
         // checked u64 multiply is a call to a 128-bit multiply, and it was one per digit.
         let unchecked = if radix == 16 { 15 } else { 19 };
-        let mut value: u64 = 0;
-        for (i, &b) in self.0[..len].iter().enumerate() {
+        let (start, mut value) = (self.at, 0u64);
+        for &b in &self.text.as_bytes()[start..] {
             let digit = u64::from(match b {
                 b'0'..=b'9' => b - b'0',
                 b'a'..=b'f' if radix == 16 => b - b'a' + 10,
+                _ if b == end && self.at > start => {
+                    self.at += 1;
+                    return Some(value);
+                }
                 _ => return None,
             });
-            value = if i < unchecked {
+            value = if self.at - start < unchecked {
                 value * radix + digit
             } else {
                 value.checked_mul(radix)?.checked_add(digit)?
             };
+            self.at += 1;
         }
-        self.0 = &self.0[len + 1..];
-        Some(value)
+        None
+    }
+
+    /// The cost's text up to the `:` after it, which it reads too: digits and `.eE+-`, or what
+    /// a non-finite cost is written as.
+    fn cost(&mut self) -> Option<&'a str> {
+        let start = self.at;
+        let mut numeric = true;
+        for &b in &self.text.as_bytes()[start..] {
+            if b == b':' {
+                let cost = self.text.get(start..self.at)?;
+                self.at += 1;
+                let number = numeric && !cost.is_empty();
+                return (number || matches!(cost, "inf" | "-inf" | "NaN")).then_some(cost);
+            }
+            numeric &= b.is_ascii_digit() || matches!(b, b'.' | b'e' | b'E' | b'+' | b'-');
+            self.at += 1;
+        }
+        None
+    }
+
+    /// The flags: the rest, up to a `;` (what 0.1.0 builds appended), with no `:` in them.
+    fn flags(&mut self) -> Option<&'a [u8]> {
+        let rest = &self.text.as_bytes()[self.at..];
+        let end = rest
+            .iter()
+            .position(|&b| b == b';' || b == b':')
+            .unwrap_or(rest.len());
+        (rest.get(end) != Some(&b':')).then_some(&rest[..end])
     }
 }
 
