@@ -143,12 +143,12 @@ impl<'a> TagKey<'a> {
     /// and a scan for each field's end were most of what reading a tag cost).
     fn parse(text: &'a str) -> Option<Self> {
         let rest = text.strip_prefix("rw1:")?;
-        let mut bytes = Bytes { text: rest, at: 0 };
-        let epoch = u32::try_from(bytes.number(16, b'-')?).ok()?;
-        let seq = bytes.number(10, b':')?;
-        let primary = u32::try_from(bytes.number(10, b':')?).ok()?;
-        let cost = bytes.cost()?;
-        let flags = bytes.flags()?;
+        let mut reader = TagReader { text: rest, at: 0 };
+        let epoch = u32::try_from(reader.number(16, b'-')?).ok()?;
+        let seq = reader.number(10, b':')?;
+        let primary = u32::try_from(reader.number(10, b':')?).ok()?;
+        let cost = reader.cost()?;
+        let flags = reader.flags()?;
         Some(Self {
             epoch,
             seq,
@@ -160,12 +160,12 @@ impl<'a> TagKey<'a> {
 }
 
 /// A tag after its `rw1:`, and how far it has been read.
-struct Bytes<'a> {
+struct TagReader<'a> {
     text: &'a str,
     at: usize,
 }
 
-impl<'a> Bytes<'a> {
+impl<'a> TagReader<'a> {
     /// Reads digits in `radix` (at least one; 10 or 16, lower-case) and the `end` after them;
     /// `None` on anything else, or past `u64`.
     fn number(&mut self, radix: u64, end: u8) -> Option<u64> {
