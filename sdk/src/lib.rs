@@ -49,8 +49,9 @@ use std::cell::RefCell;
 use std::marker::PhantomData;
 
 pub use order::{
-    affinity_first, affinity_pinned, declared_order, declared_positions, order_of_positions,
-    primary_then_declared, priority_tiers, usable_weight, weighted_draw, weighted_shuffle,
+    affinity_first, affinity_pinned, declared_order, declared_positions, declared_positions_into,
+    order_of_positions, primary_then_declared, priority_tiers, usable_weight, weighted_draw,
+    weighted_shuffle,
 };
 pub use params::{NoParams, params_schema, parse_params};
 pub use prefill::{least_loaded, p2c, prefill_aware_primary};

@@ -80,9 +80,17 @@ pub fn weighted_shuffle(weights: &[f64], rng: &mut Rng) -> Vec<usize> {
 
 /// Candidate positions sorted by declared index (stable for equal indexes).
 pub fn declared_positions(candidates: &[Candidate]) -> Vec<usize> {
-    let mut positions: Vec<usize> = (0..candidates.len()).collect();
-    positions.sort_by_key(|&p| candidates[p].index);
+    let mut positions = Vec::with_capacity(candidates.len());
+    declared_positions_into(candidates, &mut positions);
     positions
+}
+
+/// [`declared_positions`] written into `positions` (cleared first), for a strategy that keeps the
+/// buffer from call to call instead of allocating one per `select`.
+pub fn declared_positions_into(candidates: &[Candidate], positions: &mut Vec<usize>) {
+    positions.clear();
+    positions.extend(0..candidates.len());
+    positions.sort_by_key(|&p| candidates[p].index);
 }
 
 /// The candidates' declared indexes in declared (ascending) order: the host's default order.
@@ -279,6 +287,10 @@ mod tests {
     fn declared_helpers_sort_by_index() {
         let candidates = [candidate(4, 0), candidate(1, 0), candidate(3, 0)];
         assert_eq!(declared_positions(&candidates), vec![1, 2, 0]);
+        // The buffer form clears what it is given and writes the same.
+        let mut positions = vec![7, 7, 7, 7];
+        declared_positions_into(&candidates, &mut positions);
+        assert_eq!(positions, [1, 2, 0]);
         assert_eq!(declared_order(&candidates), vec![1, 3, 4]);
         assert_eq!(order_of_positions(&candidates, &[2, 0]), vec![3, 4]);
         assert_eq!(primary_then_declared(&candidates, 2), vec![3, 1, 4]);

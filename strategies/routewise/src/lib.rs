@@ -34,7 +34,7 @@ use std::rc::Rc;
 use serde_json::{Value, json};
 use switchyard_sdk::{
     Candidate, Decision, LogLevel, Observation, Pricing, Request, Rng, Strategy, StrategyInfo,
-    Upstream, log,
+    Upstream, declared_positions_into, log,
 };
 
 pub use capacity::{CONCURRENCY_ACQUIRE_TIMEOUT_MS, QuotaState};
@@ -369,6 +369,14 @@ fn token_cost(pricing: &Pricing, prompt: u64, cached: u64, completion: u64) -> O
     )
 }
 
+/// TTFT estimate and live sample count of an endpoint's profile (`unprofiled` without samples).
+fn ttft_of(profile: Option<&LatencyProfile>, unprofiled: f64) -> (f64, usize) {
+    match profile {
+        Some(profile) => (profile.mean().unwrap_or(unprofiled), profile.len()),
+        None => (unprofiled, 0),
+    }
+}
+
 fn float_order(a: f64, b: f64) -> Ordering {
     a.partial_cmp(&b).unwrap_or(Ordering::Equal)
 }
@@ -442,15 +450,10 @@ impl RouteWise {
 
     /// TTFT estimate and live sample count of an endpoint.
     fn ttft_estimate(&self, endpoint_id: &str) -> (f64, usize) {
-        match self.latency.get(endpoint_id) {
-            Some(profile) => (
-                profile
-                    .mean()
-                    .unwrap_or(self.params.latency_unprofiled_ttft_ms),
-                profile.len(),
-            ),
-            None => (self.params.latency_unprofiled_ttft_ms, 0),
-        }
+        ttft_of(
+            self.latency.get(endpoint_id),
+            self.params.latency_unprofiled_ttft_ms,
+        )
     }
 
     fn cooling_down(&self, endpoint_id: &str, now_ms: u64) -> bool {
@@ -500,14 +503,12 @@ impl RouteWise {
             };
         };
         let endpoint_id = route.endpoint_id.clone();
-        let unprofiled = self.params.latency_unprofiled_ttft_ms;
-        let (ttft_ms, samples) = match self.latency.get_mut(&*endpoint_id) {
-            Some(profile) => {
-                profile.trim(request.now_ms, window);
-                (profile.mean().unwrap_or(unprofiled), profile.len())
-            }
-            None => (unprofiled, 0),
-        };
+        // Trimmed and read through one lookup.
+        let profile = self.latency.get_mut(&*endpoint_id).map(|profile| {
+            profile.trim(request.now_ms, window);
+            &*profile
+        });
+        let (ttft_ms, samples) = ttft_of(profile, self.params.latency_unprofiled_ttft_ms);
         let mut evaluated = Evaluated {
             index: candidate.index,
             endpoint_id,
@@ -843,9 +844,7 @@ impl Strategy for RouteWise {
             .unwrap_or_default();
         feasible.clear();
         excluded.clear();
-        scratch.positions.clear();
-        scratch.positions.extend(0..candidates.len());
-        scratch.positions.sort_by_key(|&p| candidates[p].index);
+        declared_positions_into(candidates, &mut scratch.positions);
         for &p in &scratch.positions {
             let evaluated = self.evaluate(request, &candidates[p], output_tokens, envelope);
             match evaluated.excluded {

@@ -106,14 +106,9 @@ pub fn charges(
                 kind,
             };
             for s in &subjects {
-                // Joined by hand: a `format!` per counter was a fifth of a limited request's
-                // admission.
-                let kind_text = kind.as_str();
-                let mut key =
-                    String::with_capacity(4 + subject.route_id.len() + s.len() + kind_text.len());
-                for part in ["rl|", subject.route_id, "|", s, "|", kind_text] {
-                    key.push_str(part);
-                }
+                // Joined, not formatted: a `format!` per counter was a fifth of a limited
+                // request's admission (`concat` sizes the string once, as the subjects above).
+                let key = ["rl|", subject.route_id, "|", s, "|", kind.as_str()].concat();
                 out.push((
                     name,
                     Charge {
