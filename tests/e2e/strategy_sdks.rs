@@ -144,9 +144,12 @@ async fn python_and_javascript_strategies_route_real_traffic_and_show_their_api_
         })
         .collect();
     // `call_timeout_ms` far above any call's cost, so a busy machine cannot fail the test (the
-    // costs per language are measured by `cargo bench --bench select`).
+    // costs per language are measured by `cargo bench --bench select`). `load_wait_ms` likewise:
+    // the folder's files are swapped in together, after the slowest compile, and the Python and
+    // JavaScript components compiling from a cold cache took more than the default 30 s on a
+    // 2-core machine busy with a release build.
     let gateway = Gateway::start(&format!(
-        "server:\n  admin_token: sdk-admin\nstrategies:\n  dir: {}\n  call_timeout_ms: 1000\nmodels:\n{models}",
+        "server:\n  admin_token: sdk-admin\nstrategies:\n  dir: {}\n  call_timeout_ms: 1000\n  load_wait_ms: 600000\nmodels:\n{models}",
         dir.path().display()
     ));
     for lang in LANGS {
