@@ -16,8 +16,8 @@ use switchyard::mock::{self, MockOptions};
 use switchyard::routewise::quota;
 use switchyard::store::Store;
 use switchyard::strategy::{
-    CatalogEntry, StrategyCatalog, StrategyEngine, StrategyLimits, catalog, contract, offline,
-    replay,
+    CatalogEntry, StrategyCatalog, StrategyEngine, StrategyLimits, catalog, compile_child,
+    contract, offline, replay,
 };
 use switchyard::telemetry;
 
@@ -104,6 +104,10 @@ enum Command {
         #[command(subcommand)]
         command: StrategiesCommand,
     },
+    /// Compile strategy files into the compiled-code cache and exit: what `serve` runs in a child
+    /// process so that the compiler's memory leaves with it (`strategy::compile_child`).
+    #[command(name = compile_child::SUBCOMMAND, hide = true)]
+    CompileStrategies { files: Vec<PathBuf> },
     /// Run a simulated upstream speaking OpenAI Chat Completions, OpenAI Responses and Anthropic
     /// Messages (and embeddings).
     MockUpstream {
@@ -248,6 +252,9 @@ fn main() -> anyhow::Result<()> {
         }
     }
     let runtime = runtime.build().context("starting the async runtime")?;
+    if let (Command::Serve { .. }, Ok(program)) = (&cli.command, std::env::current_exe()) {
+        compile_child::enable(program);
+    }
     // Traces are exported by tasks on this runtime, and the OpenTelemetry layer is part of the
     // log subscriber: both come after the runtime, before anything logs.
     let traces = match &served_config {
@@ -280,6 +287,7 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }),
         Command::Strategies { command } => runtime.block_on(strategies(command)),
+        Command::CompileStrategies { files } => Ok(compile_child::compile_into_cache(&files)?),
         Command::MockUpstream {
             port,
             host,

@@ -11,6 +11,7 @@ mod harness;
 
 mod affinity;
 mod budgets;
+mod compile_child;
 mod config_errors;
 mod dashboard;
 mod database_health;

@@ -229,6 +229,8 @@ impl StrategyCatalog {
                 }),
             );
         }
+        let paths: Vec<&Path> = present.iter().map(PathBuf::as_path).collect();
+        super::compile_child::warm_cache(engine, &paths).await;
         let loads = present.iter().map(|path| load_file(engine, path));
         for (path, loaded) in present.iter().zip(futures::future::join_all(loads).await) {
             let entry = match loaded {
@@ -297,6 +299,12 @@ impl StrategyCatalog {
             }
             changed.push((path, bytes));
         }
+        let compiled: Vec<&Path> = changed
+            .iter()
+            .filter(|(_, bytes)| bytes.is_ok())
+            .map(|(path, _)| path.as_path())
+            .collect();
+        super::compile_child::warm_cache(engine, &compiled).await;
         let loads = changed.iter().map(|(path, bytes)| async move {
             let loaded = match bytes {
                 Ok(bytes) => load_bytes(engine, path, bytes.clone()).await,
@@ -459,7 +467,7 @@ fn stem(path: &Path) -> String {
 }
 
 /// Reads a strategy file, refusing one larger than [`MAX_STRATEGY_FILE_BYTES`].
-fn read_limited(path: &Path) -> Result<Vec<u8>, String> {
+pub(super) fn read_limited(path: &Path) -> Result<Vec<u8>, String> {
     use std::io::Read;
     let file = std::fs::File::open(path).map_err(|e| format!("cannot read: {e}"))?;
     let mut bytes = Vec::new();
@@ -649,10 +657,16 @@ async fn compile_and_ask(
     // Compiling takes seconds for an interpreted guest: on a blocking thread, so the runtime's
     // workers keep serving, and several files compile at once.
     let compile_engine = engine.engine.clone();
-    let component = tokio::task::spawn_blocking(move || Component::new(&compile_engine, &bytes))
-        .await
-        .map_err(|e| (None, fail(format!("compiling stopped: {e}"))))?
-        .map_err(|e| (None, fail(format!("not a valid component: {e:?}"))))?;
+    let component = tokio::task::spawn_blocking(move || {
+        let component = Component::new(&compile_engine, &bytes);
+        // Compiling frees tens of MiB on this thread; its heap would keep them resident for as
+        // long as the thread lives, and the blocking pool keeps idle threads for seconds.
+        switchyard_allocator::return_freed_memory();
+        component
+    })
+    .await
+    .map_err(|e| (None, fail(format!("compiling stopped: {e}"))))?
+    .map_err(|e| (None, fail(format!("not a valid component: {e:?}"))))?;
     let pre = match stamped {
         Some(version) => Pre::new(&engine.linkers, &component, version),
         None => Pre::detect(&engine.linkers, &component),

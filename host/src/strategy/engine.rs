@@ -89,31 +89,43 @@ pub struct StrategyEngine {
     max_call_timeout: Duration,
     /// Whether the epoch ticker is needed: guest code running, or run lately.
     demand: Arc<TickDemand>,
+    /// Whether the engine has a compiled-code cache (a folder it could use).
+    caches_compiled_code: bool,
+}
+
+/// The wasmtime engine strategies are compiled with (component model, epoch interruption, the
+/// compiled-code cache when a cache folder can be used), and whether it caches. A child process
+/// that compiles into the cache (`compile_child`) builds the same one, so that what it writes is
+/// what the gateway looks up.
+pub(super) fn compiling_engine() -> Result<(Engine, bool), StrategyError> {
+    let mut config = wasmtime::Config::new();
+    config.wasm_component_model(true);
+    config.epoch_interruption(true);
+    // Strategies are synchronous; skipping the async-task bookkeeping roughly halves call overhead.
+    config.concurrency_support(false);
+    if let Some(profiler) = profiler_from_env()? {
+        config.profiler(profiler);
+    }
+    let mut caches = false;
+    if let Some(dir) = cache_dir() {
+        let mut cache_config = wasmtime::CacheConfig::new();
+        cache_config.with_directory(dir);
+        match wasmtime::Cache::new(cache_config) {
+            Ok(cache) => {
+                config.cache(Some(cache));
+                caches = true;
+            }
+            Err(e) => tracing::warn!("compiled-strategy cache disabled: {e}"),
+        }
+    }
+    let engine = Engine::new(&config).map_err(|e| StrategyError::Engine(format!("{e:?}")))?;
+    Ok((engine, caches))
 }
 
 impl StrategyEngine {
-    /// Builds the engine (component model, epoch interruption, compiled-code cache when a cache folder
-    /// can be used) and starts the epoch ticker thread.
+    /// Builds the engine ([`compiling_engine`]) and starts the epoch ticker thread.
     pub fn new(limits: StrategyLimits) -> Result<Self, StrategyError> {
-        let mut config = wasmtime::Config::new();
-        config.wasm_component_model(true);
-        config.epoch_interruption(true);
-        // Strategies are synchronous; skipping the async-task bookkeeping roughly halves call overhead.
-        config.concurrency_support(false);
-        if let Some(profiler) = profiler_from_env()? {
-            config.profiler(profiler);
-        }
-        if let Some(dir) = cache_dir() {
-            let mut cache_config = wasmtime::CacheConfig::new();
-            cache_config.with_directory(dir);
-            match wasmtime::Cache::new(cache_config) {
-                Ok(cache) => {
-                    config.cache(Some(cache));
-                }
-                Err(e) => tracing::warn!("compiled-strategy cache disabled: {e}"),
-            }
-        }
-        let engine = Engine::new(&config).map_err(|e| StrategyError::Engine(format!("{e:?}")))?;
+        let (engine, caches_compiled_code) = compiling_engine()?;
 
         let linkers = Linkers::new(&engine).map_err(|e| StrategyError::Engine(format!("{e:?}")))?;
 
@@ -125,7 +137,13 @@ impl StrategyEngine {
             limits,
             max_call_timeout: limits.call_timeout.max(DEFAULT_MAX_CALL_TIMEOUT),
             demand,
+            caches_compiled_code,
         })
+    }
+
+    /// Whether compiled strategies go to (and come from) the compiled-code cache.
+    pub fn caches_compiled_code(&self) -> bool {
+        self.caches_compiled_code
     }
 
     /// Whether the epoch ticker is parked: no guest code has run for a while.

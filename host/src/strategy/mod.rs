@@ -5,6 +5,7 @@
 //! `switchyard:router`); the rest of the host speaks the plain types re-exported here.
 
 pub mod catalog;
+pub mod compile_child;
 pub mod contract;
 pub mod engine;
 pub mod imports;
