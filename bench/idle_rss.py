@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """What the gateway keeps resident when it is idle: after startup, and after a burst of load.
 
-Run: `python3 bench/idle_rss.py --binary A [--binary B ...] [--rounds N] [--port-base N]` (release
+Run: `python3 bench/idle_rss.py --binary A [--binary B ...] [--rounds N] [--port-base N] [--cold]` (release
 builds; the strategies from `$CARGO_TARGET_DIR/strategies`, else `target/strategies`). For each
 round and each binary, alternating so that drift on a shared machine falls on both: the suite's
 configuration (`bench/run.py`, 20 models per strategy) behind a fresh mock; the RSS 1 s after the
 gateway answers, with what it is made of (from /proc/PID/smaps: the allocator's heap, the binary's
 code, the strategies' memory images and compiled code, the rest); then 5 s of 32 clients
 (`wrk`) of non-streaming requests and 5 s of streams, each followed by its RSS at once and after 3
-quiet seconds. Prints the median of the rounds per binary. RSS is a count of pages, not a time:
+quiet seconds. Prints the median of the rounds per binary. `--cold` starts each gateway on an
+empty compiled-code cache of its own, as a container's first start is: it compiles every strategy
+instead of loading it. RSS is a count of pages, not a time:
 the machine's load does not change it, only what the process did.
 """
 
@@ -55,10 +57,12 @@ def smaps_parts(pid, binary):
     return parts
 
 
-def measure(binary, strategies):
+def measure(binary, strategies, cold):
     env = dict(os.environ, RUST_LOG="warn", ROUTING_AFFINITY_ENABLED="0", SWITCHYARD_DEFAULT_AUTH="disabled",
                SWITCHYARD_BUILTIN_STRATEGIES=str(strategies))
     work = Path(tempfile.mkdtemp(prefix="switchyard-idle-rss-"))
+    if cold:
+        env["SWITCHYARD_CACHE_DIR"] = str(work / "cache")
     (work / "bench.yaml").write_text(bench.gateway_config(work))
     port = bench.PORTS["switchyard"]
     url = f"http://127.0.0.1:{port}"
@@ -86,7 +90,7 @@ def measure(binary, strategies):
 def main():
     binaries = args("--binary")
     if not binaries:
-        sys.exit("usage: idle_rss.py --binary PATH [--binary PATH ...] [--rounds N] [--port-base N]")
+        sys.exit("usage: idle_rss.py --binary PATH [--binary PATH ...] [--rounds N] [--port-base N] [--cold]")
     rounds = int((args("--rounds") or ["3"])[0])
     bench.DURATION = LOAD_S  # the suite's wrk run, shorter: the load only has to be served
     strategies = bench.target_dir() / "strategies"
@@ -94,7 +98,7 @@ def main():
     rows = {b: [] for b in binaries}
     for r in range(rounds):
         for b in binaries:
-            rows[b].append(measure(b, strategies))
+            rows[b].append(measure(b, strategies, "--cold" in sys.argv))
             print(f"round {r + 1} {b}: " + ", ".join(f"{k} {v:.1f}" for k, v in rows[b][-1].items()), flush=True)
     keys = list(rows[binaries[0]][0])
     print("\nMiB, median of", rounds, "rounds\n")
