@@ -1,9 +1,10 @@
 //! Compiling strategies in a child process, into the compiled-code cache.
 //!
 //! A gateway that compiled its strategies idles much larger than one that loaded them from the
-//! cache: 102 against 54 MiB resident with the suite's configuration (docs/performance.md, round
-//! eighteen). The compiler's working memory, freed, stays in the allocator's partly used pages,
-//! and the compiler's own code stays paged in. A child process built on the same engine
+//! cache: 103.6 against 50.6 MiB resident with the suite's configuration, and ~250 against ~110
+//! MiB with a Python and a JavaScript strategy (docs/performance.md, round eighteen). Part of what
+//! the compiler freed stays in pages the compiled components still use, and the compiler's code
+//! stays paged in; no allocator call gives that back. A child process built on the same engine
 //! configuration compiles the files into the cache and exits, taking all of that with it; the
 //! gateway then loads each file from the cache as on any later start.
 //!
