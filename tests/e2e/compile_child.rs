@@ -102,13 +102,8 @@ async fn a_first_start_compiles_in_a_child_and_serves_from_the_cache() {
         cached_files(&cache.join("modules")) >= 3,
         "the built-ins are in the cache"
     );
-    let answer = reqwest::Client::new()
-        .post(gateway.url("/v1/chat/completions"))
-        .json(&chat_body("chat", false))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(answer.status(), 200);
+    let (status, body) = gateway.chat(chat_body("chat", false)).await;
+    assert_eq!(status, 200, "{body}");
 
     // Without a cache there is nothing for a child to fill: the gateway compiles, as before.
     let uncached = Gateway::start_with_env(
