@@ -11,8 +11,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{AUTHORIZATION, CONTENT_TYPE, HOST, HeaderValue, RETRY_AFTER};
-use http::{Request, Uri};
+use http::header::{AUTHORIZATION, CONTENT_TYPE, HOST, HeaderName, HeaderValue, RETRY_AFTER};
+use http::{Method, Request, Uri};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -41,6 +41,8 @@ pub enum UpstreamAuth<'a> {
 
 /// The Anthropic API version the gateway speaks.
 const ANTHROPIC_VERSION: &str = "2023-06-01";
+const ANTHROPIC_VERSION_HEADER: HeaderName = HeaderName::from_static("anthropic-version");
+const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 
 /// Parsed upstream URLs kept before the cache is cleared (routes change rarely; this only bounds it).
 const URL_CACHE_LIMIT: usize = 1024;
@@ -217,28 +219,41 @@ impl UpstreamClient {
             Transport::Direct { plain, .. } => target.plain.as_ref().map(|p| (plain, p)),
             Transport::Proxied(_) => None,
         };
-        let mut request = match plain {
-            Some((_, p)) => Request::post(p.path.clone()).header(HOST, p.host.clone()),
-            None => Request::post(target.uri.clone()),
+        // Headers go straight into the request's map: `http::request::Builder` moved the whole
+        // request on every `.header()` and checked each name and value again (~1,300
+        // instructions a request, callgrind).
+        let mut request = Request::new(Bytes::from(body));
+        *request.method_mut() = Method::POST;
+        request.headers_mut().reserve(6);
+        match plain {
+            Some((_, p)) => {
+                *request.uri_mut() = p.path.clone();
+                request.headers_mut().insert(HOST, p.host.clone());
+            }
+            None => *request.uri_mut() = target.uri.clone(),
         }
-        .header(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        let headers = request.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         // The upstream's logs can then be joined with ours.
         if let Some(value) =
             crate::telemetry::request_id::current().and_then(|id| id.header_value())
         {
-            request = request.header(crate::telemetry::request_id::HEADER, value);
+            headers.insert(crate::telemetry::request_id::HEADER, value);
         }
         for (name, value) in trace.into_iter().flat_map(|t| t.iter()) {
-            request = request.header(name, value);
+            headers.append(name, value);
         }
         match auth {
             UpstreamAuth::Bearer(Some(key)) => {
-                request = request.header(AUTHORIZATION, secret_header(&format!("Bearer {key}"))?);
+                headers.insert(AUTHORIZATION, bearer(key)?);
             }
             UpstreamAuth::Anthropic(key) => {
-                request = request.header("anthropic-version", ANTHROPIC_VERSION);
+                headers.insert(
+                    ANTHROPIC_VERSION_HEADER,
+                    HeaderValue::from_static(ANTHROPIC_VERSION),
+                );
                 if let Some(key) = key {
-                    request = request.header("x-api-key", secret_header(key)?);
+                    headers.insert(X_API_KEY, secret_header(key)?);
                 }
             }
             UpstreamAuth::Bearer(None) => {}
@@ -246,11 +261,8 @@ impl UpstreamClient {
         if let Some(basic) = &target.basic_auth
             && !matches!(auth, UpstreamAuth::Bearer(Some(_)))
         {
-            request = request.header(AUTHORIZATION, basic.clone());
+            headers.insert(AUTHORIZATION, basic.clone());
         }
-        let request = request
-            .body(Bytes::from(body))
-            .map_err(|e| AttemptError::Transport(describe(&e)))?;
         let sent = async {
             match plain {
                 Some((pools, p)) => pools
@@ -375,6 +387,14 @@ fn target(url: &str) -> Option<Target> {
 
 /// A credential as a header value, marked sensitive (left out of the HTTP stack's debug output).
 /// A key with bytes a header cannot carry fails the attempt without quoting the key.
+/// `Bearer {key}`, marked sensitive.
+fn bearer(key: &str) -> Result<HeaderValue, AttemptError> {
+    let mut value = String::with_capacity("Bearer ".len() + key.len());
+    value.push_str("Bearer ");
+    value.push_str(key);
+    secret_header(&value)
+}
+
 fn secret_header(value: &str) -> Result<HeaderValue, AttemptError> {
     let mut header = HeaderValue::from_str(value).map_err(|_| {
         AttemptError::Transport("the upstream credential is not a valid header value".into())

