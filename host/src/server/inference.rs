@@ -847,7 +847,7 @@ fn request_metrics(
         model: model.id(),
         operation,
         inbound_protocol: dialect.as_str(),
-        upstream_protocol: &attribution.provider,
+        upstream_protocol: attribution.provider,
         endpoint: &attribution.endpoint_id,
         status: 200,
         duration,

@@ -171,7 +171,7 @@ fn attributed_row(attribution: &Attribution, base: ApiLogRow) -> ApiLogRow {
 /// The parts of a log row that come from the attempts: each of them, what they cost, and the
 /// answering attempt's prompt-cache tokens.
 fn with_attempts(row: ApiLogRow, attempts: &crate::routing::dispatch::AttemptLog) -> ApiLogRow {
-    let summary = crate::routing::dispatch::attempt_log::summarize(&attempts.records());
+    let summary = attempts.summary();
     ApiLogRow {
         attempt_log: summary.json,
         cost_usd: summary.cost_usd,

@@ -134,6 +134,19 @@ impl AttemptLog {
         records
     }
 
+    /// [`summarize`] of [`AttemptLog::records`], read in place when every attempt has ended (as
+    /// they have when a request is logged, but for a stream whose client left): the copy of the
+    /// list and of each record's endpoint id is not needed then.
+    pub fn summary(&self) -> AttemptSummary {
+        {
+            let entries = self.0.lock();
+            if entries.iter().all(|e| e.ended) {
+                return summarize(&entries);
+            }
+        }
+        summarize(&self.records())
+    }
+
     /// What the attempts so far cost: the sum over those whose upstream has `pricing`, `None`
     /// when none has (the same as [`summarize`]'s, without writing the log).
     pub fn cost_usd(&self) -> Option<f64> {
@@ -290,9 +303,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_request_costs_the_sum_of_its_priced_attempts() {
-        let record = |cost_usd, served| AttemptRecord {
+    /// An answered attempt at `m:a` (10 prompt tokens, 3 of them cached).
+    fn answered(cost_usd: Option<f64>, served: bool, ended: bool) -> AttemptRecord {
+        AttemptRecord {
             endpoint_id: "m:a".into(),
             provider: "openai_compat",
             status: 200,
@@ -306,9 +319,14 @@ mod tests {
             latency_ms: 1.0,
             position: 0,
             served,
-            ended: true,
+            ended,
             started: Instant::now(),
-        };
+        }
+    }
+
+    #[test]
+    fn a_request_costs_the_sum_of_its_priced_attempts() {
+        let record = |cost_usd, served| answered(cost_usd, served, true);
         let summary = summarize(&[
             record(Some(0.25), false),
             record(None, false),
@@ -324,6 +342,25 @@ mod tests {
         // No priced upstream: no cost, rather than a cost of 0.
         assert_eq!(summarize(&[record(None, true)]).cost_usd, None);
         assert_eq!(summarize(&[]), AttemptSummary::default());
+    }
+
+    #[test]
+    fn the_summary_read_in_place_is_the_summary_of_the_records() {
+        let record = |ended, served| answered(Some(0.25), served, ended);
+        let log = AttemptLog::default();
+        log.0
+            .lock()
+            .extend([record(true, false), record(true, true)]);
+        assert_eq!(log.summary(), summarize(&log.records()));
+        assert_eq!(log.summary().cost_usd, Some(0.5));
+        // One still running shows as cancelled, as `records` has it, and the log keeps it running.
+        log.0.lock().push(record(false, false));
+        let summary = log.summary();
+        assert!(
+            summary.json.as_deref().unwrap().contains(CANCELLED),
+            "{summary:?}"
+        );
+        assert!(!log.0.lock()[2].ended);
     }
 
     #[test]

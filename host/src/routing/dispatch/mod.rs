@@ -49,7 +49,7 @@ impl FailedAttempt {
 /// Where a request went: kept server-side for logs and observations, never sent to the client.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct Attribution {
-    pub provider: String,
+    pub provider: &'static str,
     pub base_url: String,
     pub endpoint_id: String,
     pub fell_back: bool,
@@ -68,7 +68,7 @@ impl Attribution {
         upstream_time: std::time::Duration,
     ) -> Self {
         Self {
-            provider: upstream.kind.as_str().to_owned(),
+            provider: upstream.kind.as_str(),
             base_url: crate::upstream::redact::url(&upstream.base_url).into_owned(),
             endpoint_id: upstream.endpoint_id.clone(),
             fell_back: !failed.is_empty(),
