@@ -385,9 +385,7 @@ fn target(url: &str) -> Option<Target> {
     })
 }
 
-/// A credential as a header value, marked sensitive (left out of the HTTP stack's debug output).
-/// A key with bytes a header cannot carry fails the attempt without quoting the key.
-/// `Bearer {key}`, marked sensitive.
+/// `Bearer {key}`, marked sensitive (see [`secret_header`]).
 fn bearer(key: &str) -> Result<HeaderValue, AttemptError> {
     let mut value = String::with_capacity("Bearer ".len() + key.len());
     value.push_str("Bearer ");
@@ -395,6 +393,8 @@ fn bearer(key: &str) -> Result<HeaderValue, AttemptError> {
     secret_header(&value)
 }
 
+/// A credential as a header value, marked sensitive (left out of the HTTP stack's debug output).
+/// A key with bytes a header cannot carry fails the attempt without quoting the key.
 fn secret_header(value: &str) -> Result<HeaderValue, AttemptError> {
     let mut header = HeaderValue::from_str(value).map_err(|_| {
         AttemptError::Transport("the upstream credential is not a valid header value".into())
