@@ -245,7 +245,7 @@ impl UpstreamClient {
         }
         match auth {
             UpstreamAuth::Bearer(Some(key)) => {
-                headers.insert(AUTHORIZATION, bearer(key)?);
+                headers.insert(AUTHORIZATION, secret_header(&["Bearer ", key].concat())?);
             }
             UpstreamAuth::Anthropic(key) => {
                 headers.insert(
@@ -383,14 +383,6 @@ fn target(url: &str) -> Option<Target> {
         basic_auth,
         plain,
     })
-}
-
-/// `Bearer {key}`, marked sensitive (see [`secret_header`]).
-fn bearer(key: &str) -> Result<HeaderValue, AttemptError> {
-    let mut value = String::with_capacity("Bearer ".len() + key.len());
-    value.push_str("Bearer ");
-    value.push_str(key);
-    secret_header(&value)
 }
 
 /// A credential as a header value, marked sensitive (left out of the HTTP stack's debug output).
