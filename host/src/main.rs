@@ -501,7 +501,7 @@ async fn serve_until_drained(
 ) -> anyhow::Result<Option<std::time::Instant>> {
     let edge = gateway.config.server.edge.clone();
     let drain = gateway.drain.clone();
-    let app = switchyard::server::router(gateway);
+    let app = switchyard::server::Edge::gateway(gateway);
     let signalled = Arc::new(std::sync::OnceLock::new());
     let signal = {
         let signalled = signalled.clone();
@@ -538,7 +538,8 @@ async fn serve_metrics(listen: &str, gateway: Arc<Gateway>) -> anyhow::Result<()
     let addr = listener.local_addr()?;
     tracing::info!("serving /metrics without a token on http://{addr}/metrics");
     let edge = gateway.config.server.edge.clone();
-    let app = switchyard::server::metrics::listener_router(gateway);
+    let app =
+        switchyard::server::Edge::routed(switchyard::server::metrics::listener_router(gateway));
     tokio::spawn(async move {
         switchyard::server::listener::serve(
             listener,

@@ -2,7 +2,8 @@
 //! shutdown that drains for `server.shutdown_grace_seconds` and then ends what is left.
 //!
 //! axum::serve has none of these knobs, so connections are driven by hyper-util's auto (HTTP/1 and
-//! HTTP/2) builder directly; the axum `Router` is the service.
+//! HTTP/2) builder directly; the service is the server's `Edge` (the axum `Router`, with inference
+//! requests taken to their handler directly).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -12,7 +13,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::http::{HeaderValue, Request, Response, Version, header};
@@ -21,7 +21,6 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, watch};
-use tower_service::Service;
 
 use crate::config::EdgeConfig;
 
@@ -218,7 +217,7 @@ impl Serving {
 /// open end with an error event (see [`Drain::closing`]) and this returns.
 pub async fn serve(
     listener: TcpListener,
-    app: Router,
+    app: super::Edge,
     edge: &EdgeConfig,
     max_connections: usize,
     drain: Arc<Drain>,
@@ -243,7 +242,7 @@ pub async fn serve(
 /// work.
 pub async fn serve_per_core(
     listeners: Vec<std::net::TcpListener>,
-    app: Router,
+    app: super::Edge,
     edge: &EdgeConfig,
     max_connections: usize,
     drain: Arc<Drain>,
@@ -374,7 +373,7 @@ pub fn bind_shared(addr: SocketAddr, count: usize) -> std::io::Result<Vec<std::n
 
 /// Accepts on `listener` until, after draining began, every connection of the address has closed
 /// (or the grace is over).
-async fn accept_loop(listener: TcpListener, app: Router, serving: Serving) {
+async fn accept_loop(listener: TcpListener, app: super::Edge, serving: Serving) {
     let Serving {
         builder,
         open,
@@ -437,7 +436,7 @@ async fn serve_connection(
     builder: &auto::Builder<TokioExecutor>,
     tcp: TcpStream,
     peer: SocketAddr,
-    app: Router,
+    app: super::Edge,
     drain: Arc<Drain>,
     header_read_timeout: Duration,
 ) {
@@ -450,10 +449,10 @@ async fn serve_connection(
     let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
         request.extensions_mut().insert(ConnectInfo(peer));
         let version = request.version();
-        let mut app = app.clone();
+        let app = app.clone();
         let drain = requests_drain.clone();
         async move {
-            let mut response: Response<Body> = app.call(request.map(Body::new)).await?;
+            let mut response: Response<Body> = app.answer(request.map(Body::new)).await;
             // A connection that began after draining started closes after its answer.
             if version == Version::HTTP_11 && drain.is_draining() {
                 response

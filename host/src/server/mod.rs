@@ -23,6 +23,64 @@ use crate::store::api_log::ApiLogRow;
 
 pub use error::GatewayError;
 
+/// Where every route the router knows by path lives. A path under none of them reaches the
+/// router's fallback, the inference handler: a new fixed route outside these prefixes must be
+/// added here, or [`Edge`] would hand its requests to inference.
+const FIXED_ROUTE_PREFIXES: [&str; 5] = ["/admin", "/health", "/metrics", "/routing", "/ui"];
+
+/// Whether `path` is one the router would hand to its fallback ([`inference::handle`]).
+fn reaches_inference(path: &str) -> bool {
+    !FIXED_ROUTE_PREFIXES
+        .iter()
+        .any(|prefix| path.starts_with(prefix))
+}
+
+/// What a listener serves: a router, and for the gateway's own listener a direct way to the
+/// inference handler. A request whose path no fixed route can match goes to
+/// [`inference::handle`] inside the same request-id scope and span the router's middleware gives
+/// it, without the router: its match, its fallback's and its middleware's boxed futures and
+/// service clones cost ~6,000 instructions of a request's ~99,000 (issue #18).
+#[derive(Clone)]
+pub struct Edge {
+    router: Router,
+    inference: Option<Arc<Gateway>>,
+}
+
+impl Edge {
+    /// An edge that answers every request through `router`.
+    pub fn routed(router: Router) -> Self {
+        Self {
+            router,
+            inference: None,
+        }
+    }
+
+    /// The gateway's edge: [`router`], with inference requests taken to their handler directly.
+    pub fn gateway(gateway: Arc<Gateway>) -> Self {
+        Self {
+            router: router(gateway.clone()),
+            inference: Some(gateway),
+        }
+    }
+
+    /// Answers `request` as the router would.
+    pub async fn answer(self, request: axum::extract::Request) -> axum::response::Response {
+        if let Some(gateway) = self.inference
+            && reaches_inference(request.uri().path())
+        {
+            return crate::telemetry::request_id::within(request, |request| {
+                inference::handle(State(gateway), request)
+            })
+            .await;
+        }
+        let mut router = self.router;
+        match tower_service::Service::call(&mut router, request).await {
+            Ok(response) => response,
+            Err(never) => match never {},
+        }
+    }
+}
+
 /// The gateway's HTTP routes.
 pub fn router(gateway: Arc<Gateway>) -> Router {
     // Inference paths are matched by the inbound routes (longest path prefix), so they are the
@@ -206,4 +264,46 @@ fn log_request(
         latency_ms = started.elapsed().as_millis() as u64,
         "served"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reaches_inference;
+
+    #[test]
+    fn no_fixed_route_reaches_inference_directly() {
+        let mut paths: Vec<String> = crate::admin::api_doc().paths.paths.into_keys().collect();
+        // Fixed routes outside the management API's document.
+        paths.extend(
+            [
+                "/health",
+                "/health/ready",
+                "/health/deep",
+                "/metrics",
+                "/routing",
+                "/ui",
+                "/ui/",
+                "/ui/app.js",
+                "/admin/routing/weights",
+                "/admin/routing/providers/{target}/{action}",
+                "/admin/strategies/reload",
+            ]
+            .map(String::from),
+        );
+        assert!(paths.len() > 30, "{paths:?}");
+        for path in &paths {
+            assert!(!reaches_inference(path), "{path}");
+        }
+        for path in [
+            "/v1/chat/completions",
+            "/v1/messages",
+            "/v1/responses",
+            "/v1/embeddings",
+            "/v1/models",
+            "/team-a/v1/chat/completions",
+            "/",
+        ] {
+            assert!(reaches_inference(path), "{path}");
+        }
+    }
 }

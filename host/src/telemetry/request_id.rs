@@ -83,7 +83,17 @@ pub fn current() -> Option<RequestId> {
 /// Axum middleware for every route: assigns the id, runs the handler in a `request` span that
 /// carries it (so every log line of the request names it) and with the id as the task's current
 /// one, and sets `x-request-id` on the answer, whatever the answer is.
-pub async fn middleware(mut request: Request, next: Next) -> Response {
+pub async fn middleware(request: Request, next: Next) -> Response {
+    within(request, |request| next.run(request)).await
+}
+
+/// Runs `handler` on `request` as [`middleware`] does, for a caller that is not an axum
+/// middleware stack (the listener's direct way to inference, `server::Edge`).
+pub async fn within<Handler, Answer>(mut request: Request, handler: Handler) -> Response
+where
+    Handler: FnOnce(Request) -> Answer,
+    Answer: Future<Output = Response>,
+{
     let id = RequestId::from_headers(request.headers());
     // Handlers that want it without the task-local (none today) find it here too.
     request.extensions_mut().insert(id.clone());
@@ -101,7 +111,7 @@ pub async fn middleware(mut request: Request, next: Next) -> Response {
         span_id = tracing::field::Empty,
     );
     let mut response = CURRENT
-        .scope(id.clone(), next.run(request))
+        .scope(id.clone(), handler(request))
         .instrument(span)
         .await;
     if let Some(value) = id.header_value() {
