@@ -449,10 +449,10 @@ async fn serve_connection(
     let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
         request.extensions_mut().insert(ConnectInfo(peer));
         let version = request.version();
-        let app = app.clone();
+        let answer = app.answer(request.map(Body::new));
         let drain = requests_drain.clone();
         async move {
-            let mut response: Response<Body> = app.answer(request.map(Body::new)).await;
+            let mut response: Response<Body> = answer.await;
             // A connection that began after draining started closes after its answer.
             if version == Version::HTTP_11 && drain.is_draining() {
                 response

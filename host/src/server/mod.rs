@@ -63,21 +63,31 @@ impl Edge {
         }
     }
 
-    /// Answers `request` as the router would.
-    pub async fn answer(self, request: axum::extract::Request) -> axum::response::Response {
-        if let Some(gateway) = self.inference
+    /// Answers `request` as the router would. The future is made here, before it is awaited, so
+    /// that it holds neither the request nor this edge: hyper keeps a box the size of its service's
+    /// future for every connection, in flight or idle, and the inference handler's future, inline,
+    /// made each idle connection ~3.8 KiB larger. It is boxed instead, as the router's are.
+    pub fn answer(
+        &self,
+        request: axum::extract::Request,
+    ) -> impl Future<Output = axum::response::Response> + Send + use<> {
+        use futures::FutureExt;
+        if let Some(gateway) = &self.inference
             && reaches_inference(request.uri().path())
         {
-            return crate::telemetry::request_id::within(request, |request| {
-                inference::handle(State(gateway), request)
-            })
-            .await;
+            let gateway = gateway.clone();
+            return futures::future::Either::Left(Box::pin(crate::telemetry::request_id::within(
+                request,
+                |request| inference::handle(State(gateway), request),
+            )));
         }
-        let mut router = self.router;
-        match tower_service::Service::call(&mut router, request).await {
-            Ok(response) => response,
-            Err(never) => match never {},
-        }
+        let mut router = self.router.clone();
+        futures::future::Either::Right(tower_service::Service::call(&mut router, request).map(
+            |answered| match answered {
+                Ok(response) => response,
+                Err(never) => match never {},
+            },
+        ))
     }
 }
 
