@@ -266,12 +266,7 @@ impl UpstreamClient {
         let sent = async {
             match plain {
                 Some((pools, p)) => pools
-                    .send(
-                        &p.origin,
-                        &target.uri,
-                        self.connect_timeout,
-                        request.map(Full::new),
-                    )
+                    .send(&p.origin, &target.uri, &request)
                     .await
                     .map(|r| r.map(UpstreamBody::Pooled)),
                 None => self.send(transport, request).await,

@@ -10,6 +10,7 @@
 mod attempt;
 mod client;
 mod error;
+mod http1;
 mod pool;
 pub mod redact;
 mod relay;

@@ -6,13 +6,15 @@
 //! every checkout (raced against the pool, dropped when an idle connection wins) and spawns a task
 //! per request to put the connection back once its answer has been read. Here an idle connection is
 //! found by its `host:port` in a map of this thread's origins (foldhash), taken off a stack, and put
-//! back by the answer's body when it ends. TLS upstreams (which may speak HTTP/2) stay on
+//! back by the answer's body when it ends. The connection is spoken to by the attempt's own task
+//! ([`super::http1`]), not by a task of its own. TLS upstreams (which may speak HTTP/2) stay on
 //! hyper-util's client.
 //!
-//! What is kept from it: a connection idle for [`IDLE_TIMEOUT`] is closed; a request that could not
-//! be written because a reused connection had closed meanwhile is sent again on another (it never
-//! reached the upstream); an answer not read to its end closes its connection (hyper's rule for
-//! HTTP/1: what is left of it would be read as the next answer).
+//! What is kept from hyper-util: a connection idle for [`IDLE_TIMEOUT`] is closed; a request that
+//! could not be written because a reused connection had closed meanwhile is sent again on another
+//! (it never reached the upstream); an answer not read to its end closes its connection (what is
+//! left of it would be read as the next answer). A connection the upstream closed while it was idle
+//! is seen when it is next taken (the socket reads its end without waiting) or by the sweep.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -23,9 +25,6 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper::client::conn::http1::SendRequest;
 use hyper_util::client::legacy::connect::HttpConnector;
 use parking_lot::Mutex;
 use tower_service::Service;
@@ -34,6 +33,7 @@ use crate::id_map::IdMap;
 
 use super::AttemptError;
 use super::client::describe;
+use super::http1::{BodyReader, Connection, Http1Error};
 
 /// How long a connection may sit idle before it is closed (as hyper-util's pool did).
 pub(super) const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -46,10 +46,8 @@ const MAX_IDLE_PER_ORIGIN: usize = 1024;
 /// so this is only reached by a gateway whose config was reloaded with ever new hosts).
 const MAX_ORIGINS: usize = 1024;
 
-/// How often idle connections past [`IDLE_TIMEOUT`] are looked for.
+/// How often idle connections past [`IDLE_TIMEOUT`], or closed by their upstream, are looked for.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
-
-type Sender = SendRequest<Full<Bytes>>;
 
 /// One thread's idle connections, by origin.
 pub(super) struct Http1Pools {
@@ -64,15 +62,14 @@ struct Origin {
 }
 
 struct Idle {
-    sender: Sender,
+    connection: Connection,
     since: Instant,
 }
 
 /// A connection taken from the pool (or just opened) for one request.
 struct Lease {
-    sender: Sender,
+    connection: Connection,
     origin: Arc<Origin>,
-    reused: bool,
 }
 
 impl Http1Pools {
@@ -90,42 +87,39 @@ impl Http1Pools {
     }
 
     /// Sends `request` (origin-form URI, `Host` set) to `origin` (`host:port`), whose connections
-    /// are opened to `uri`, on an idle connection or a new one.
+    /// are opened to `uri`, on an idle connection or a new one, and reads the answer's head.
     pub(super) async fn send(
         &self,
         origin: &str,
         uri: &http::Uri,
-        connect_timeout: Duration,
-        mut request: Request<Full<Bytes>>,
+        request: &Request<Bytes>,
     ) -> Result<Response<PooledBody>, AttemptError> {
         let origin = self.origin(origin);
+        let target = request.uri().path_and_query().map_or("/", |p| p.as_str());
         loop {
-            let mut lease = match take_idle(&origin, connect_timeout).await {
-                Some(sender) => Lease {
-                    sender,
-                    origin: origin.clone(),
-                    reused: true,
-                },
-                None => Lease {
-                    sender: self.connect(uri).await?,
-                    origin: origin.clone(),
-                    reused: false,
-                },
+            let (mut connection, reused) = match take_idle(&origin) {
+                Some(connection) => (connection, true),
+                None => (self.connect(uri).await?, false),
             };
-            match lease.sender.try_send_request(request).await {
-                Ok(response) => {
-                    return Ok(response.map(|body| PooledBody {
-                        body,
-                        lease: Some(lease),
-                    }));
-                }
-                Err(mut error) => match error.take_message() {
-                    // Not written: the reused connection closed before it could be. Another one
-                    // (in the end a new one, which is not retried) takes it.
-                    Some(unsent) if lease.reused => request = unsent,
-                    _ => return Err(AttemptError::Transport(describe(error.error()))),
-                },
+            match connection
+                .write_request(request.method(), target, request.headers(), request.body())
+                .await
+            {
+                Ok(()) => {}
+                // Not written: the reused connection closed before it could be. Another one
+                // (in the end a new one, which is not retried) takes it.
+                Err((_, false)) if reused => continue,
+                Err((error, _)) => return Err(transport(&error)),
             }
+            let (head, reader) = connection.read_head().await.map_err(|e| transport(&e))?;
+            let mut body = PooledBody {
+                reader,
+                lease: Some(Lease { connection, origin }),
+            };
+            if body.reader.is_end_stream() {
+                body.give_back();
+            }
+            return Ok(head.map(|()| body));
         }
     }
 
@@ -143,26 +137,18 @@ impl Http1Pools {
         pool
     }
 
-    /// A new connection to `uri`, its HTTP/1 connection driven by a task on this runtime.
-    async fn connect(&self, uri: &http::Uri) -> Result<Sender, AttemptError> {
+    /// A new connection to `uri`.
+    async fn connect(&self, uri: &http::Uri) -> Result<Connection, AttemptError> {
         let io = self
             .connector
             .clone()
             .call(uri.clone())
             .await
             .map_err(|e| AttemptError::Transport(format!("connecting: {}", describe(&e))))?;
-        let (sender, connection) = hyper::client::conn::http1::handshake(io)
-            .await
-            .map_err(|e| AttemptError::Transport(describe(&e)))?;
-        tokio::spawn(async move {
-            if let Err(error) = connection.await {
-                tracing::debug!(error = %describe(&error), "upstream connection ended");
-            }
-        });
-        Ok(sender)
+        Ok(Connection::new(io.into_inner()))
     }
 
-    /// Closes this thread's connections idle past [`IDLE_TIMEOUT`].
+    /// Closes this thread's connections idle past [`IDLE_TIMEOUT`] or closed by their upstream.
     fn sweep(&self) {
         let now = Instant::now();
         let origins: Vec<Arc<Origin>> = self.origins.lock().values().cloned().collect();
@@ -170,42 +156,35 @@ impl Http1Pools {
             origin
                 .idle
                 .lock()
-                .retain(|idle| !idle.sender.is_closed() && now - idle.since < IDLE_TIMEOUT);
+                .retain(|idle| now - idle.since < IDLE_TIMEOUT && idle.connection.is_reusable());
         }
     }
 }
 
-/// The most recently used idle connection of `origin` that can take a request, waiting (at most
-/// `within`) for one that has not yet seen its last answer's end; `None` when there is none.
-async fn take_idle(origin: &Origin, within: Duration) -> Option<Sender> {
+fn transport(error: &Http1Error) -> AttemptError {
+    AttemptError::Transport(describe(error))
+}
+
+/// The most recently used idle connection of `origin` that can take a request; `None` when there
+/// is none.
+fn take_idle(origin: &Origin) -> Option<Connection> {
     loop {
-        let Idle { mut sender, since } = origin.idle.lock().pop_back()?;
-        if sender.is_closed() || since.elapsed() >= IDLE_TIMEOUT {
-            continue;
-        }
-        // The connection's task may not have taken in the end of the answer it was put back at.
-        if sender.is_ready()
-            || matches!(
-                tokio::time::timeout(within, sender.ready()).await,
-                Ok(Ok(()))
-            )
-        {
-            return Some(sender);
+        let Idle { connection, since } = origin.idle.lock().pop_back()?;
+        if since.elapsed() < IDLE_TIMEOUT && connection.is_reusable() {
+            return Some(connection);
         }
     }
 }
 
 impl Origin {
-    fn put(&self, sender: Sender) {
-        if sender.is_closed() {
-            return;
-        }
+    fn put(&self, mut connection: Connection) {
+        connection.shrink_for_idle();
         let mut idle = self.idle.lock();
         if idle.len() >= MAX_IDLE_PER_ORIGIN {
             idle.pop_front();
         }
         idle.push_back(Idle {
-            sender,
+            connection,
             since: Instant::now(),
         });
     }
@@ -226,44 +205,61 @@ async fn sweep(pools: Weak<Http1Pools>) {
 
 /// An answer's body on a pooled connection: at its end, the connection goes back to its pool.
 pub struct PooledBody {
-    body: Incoming,
+    reader: BodyReader,
+    /// `None` once the body has ended (the connection given back or closed).
     lease: Option<Lease>,
 }
 
 impl PooledBody {
     fn give_back(&mut self) {
-        if let Some(lease) = self.lease.take() {
-            lease.origin.put(lease.sender);
+        if let Some(lease) = self.lease.take()
+            && lease.connection.reusable_after(&self.reader)
+        {
+            lease.origin.put(lease.connection);
         }
     }
 }
 
 impl Body for PooledBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = Http1Error;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, Http1Error>>> {
         let this = self.get_mut();
-        let frame = ready!(Pin::new(&mut this.body).poll_frame(cx));
-        match &frame {
-            None => this.give_back(),
-            Some(Ok(_)) if this.body.is_end_stream() => this.give_back(),
+        let Some(lease) = this.lease.as_mut() else {
+            return Poll::Ready(None);
+        };
+        match ready!(lease.connection.poll_body(&mut this.reader, cx)) {
+            Some(Ok(data)) => {
+                if this.reader.is_end_stream() {
+                    this.give_back();
+                }
+                Poll::Ready(Some(Ok(Frame::data(data))))
+            }
             // A broken answer leaves its connection unusable.
-            Some(Err(_)) => this.lease = None,
-            Some(Ok(_)) => {}
+            Some(Err(error)) => {
+                this.lease = None;
+                Poll::Ready(Some(Err(error)))
+            }
+            None => {
+                this.give_back();
+                Poll::Ready(None)
+            }
         }
-        Poll::Ready(frame)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        self.reader.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+        match self.reader.remaining() {
+            Some(left) => SizeHint::with_exact(left),
+            None => SizeHint::default(),
+        }
     }
 }
 
@@ -286,9 +282,21 @@ mod tests {
         Close,
     }
 
-    /// A loopback HTTP/1.1 upstream answering every request with `body_len` bytes; returns its
-    /// address and how many connections it accepted.
-    async fn upstream(after: After, body_len: usize) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+    /// How the test upstream writes its answers.
+    #[derive(Clone, Copy)]
+    enum Shape {
+        /// This many bytes under a `Content-Length`.
+        Length(usize),
+        /// An interim `100 Continue`, then `CHUNKED_TEXT` in chunks written apart, as a stream's
+        /// events are.
+        Chunked,
+    }
+
+    const CHUNKED_TEXT: &str = "data: one\n\ndata: two\n\ndata: [DONE]\n\n";
+
+    /// A loopback HTTP/1.1 upstream answering every request as `shape` says; returns its address
+    /// and how many connections it accepted.
+    async fn upstream(after: After, shape: Shape) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
         let accepted = Arc::new(AtomicUsize::new(0));
@@ -297,13 +305,13 @@ mod tests {
             loop {
                 let (socket, _) = listener.accept().await.unwrap();
                 counter.fetch_add(1, Ordering::SeqCst);
-                tokio::spawn(answer(socket, after, body_len));
+                tokio::spawn(answer(socket, after, shape));
             }
         });
         (address, accepted)
     }
 
-    async fn answer(mut socket: TcpStream, after: After, body_len: usize) {
+    async fn answer(mut socket: TcpStream, after: After, shape: Shape) {
         let mut seen = Vec::new();
         let mut buffer = [0u8; 4096];
         loop {
@@ -327,13 +335,31 @@ mod tests {
                 }
             }
             seen.drain(..end + 4 + declared);
-            let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {body_len}\r\n\r\n");
-            if socket.write_all(head.as_bytes()).await.is_err() {
-                return;
-            }
-            for chunk in vec![b'x'; body_len].chunks(16 * 1024) {
-                if socket.write_all(chunk).await.is_err() {
+            let pieces: Vec<Vec<u8>> = match shape {
+                Shape::Length(body_len) => {
+                    let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {body_len}\r\n\r\n");
+                    std::iter::once(head.into_bytes())
+                        .chain(vec![b'x'; body_len].chunks(16 * 1024).map(<[u8]>::to_vec))
+                        .collect()
+                }
+                Shape::Chunked => {
+                    let mut pieces = vec![
+                        b"HTTP/1.1 100 Continue\r\n\r\n".to_vec(),
+                        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n".to_vec(),
+                    ];
+                    for event in CHUNKED_TEXT.split_inclusive("\n\n") {
+                        pieces.push(format!("{:x}\r\n{event}\r\n", event.len()).into_bytes());
+                    }
+                    pieces.push(b"0\r\n\r\n".to_vec());
+                    pieces
+                }
+            };
+            for piece in pieces {
+                if socket.write_all(&piece).await.is_err() {
                     return;
+                }
+                if matches!(shape, Shape::Chunked) {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
                 }
             }
             if matches!(after, After::Close) {
@@ -356,11 +382,9 @@ mod tests {
             .unwrap();
         let request = Request::post("/v1/chat/completions")
             .header(http::header::HOST, &origin)
-            .body(Full::new(Bytes::from_static(b"{\"model\":\"m\"}")))
+            .body(Bytes::from_static(b"{\"model\":\"m\"}"))
             .unwrap();
-        pools
-            .send(&origin, &uri, Duration::from_secs(10), request)
-            .await
+        pools.send(&origin, &uri, &request).await
     }
 
     async fn read_all(response: Response<PooledBody>) -> usize {
@@ -375,7 +399,7 @@ mod tests {
 
     #[tokio::test]
     async fn answers_read_to_their_end_leave_their_connection_for_the_next_request() {
-        let (address, accepted) = upstream(After::KeepAlive, 300).await;
+        let (address, accepted) = upstream(After::KeepAlive, Shape::Length(300)).await;
         let pools = pools();
         for _ in 0..5 {
             let response = post(&pools, address).await.unwrap();
@@ -385,8 +409,22 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn chunked_answers_after_an_interim_one_are_read_whole_on_one_connection() {
+        let (address, accepted) = upstream(After::KeepAlive, Shape::Chunked).await;
+        let pools = pools();
+        for _ in 0..3 {
+            let response = post(&pools, address).await.unwrap();
+            assert_eq!(response.status(), 200);
+            assert_eq!(response.body().size_hint().exact(), None);
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            assert_eq!(body, CHUNKED_TEXT.as_bytes());
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
     async fn an_answer_left_unread_closes_its_connection() {
-        let (address, accepted) = upstream(After::KeepAlive, 256 * 1024).await;
+        let (address, accepted) = upstream(After::KeepAlive, Shape::Length(256 * 1024)).await;
         let pools = pools();
         let mut body = post(&pools, address).await.unwrap().into_body();
         body.frame().await.unwrap().unwrap();
@@ -399,7 +437,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_connection_the_upstream_closed_while_idle_is_not_used_again() {
-        let (address, accepted) = upstream(After::Close, 10).await;
+        let (address, accepted) = upstream(After::Close, Shape::Length(10)).await;
         let pools = pools();
         for round in 1..=3 {
             let response = post(&pools, address).await.unwrap();
@@ -412,7 +450,7 @@ mod tests {
                 .idle
                 .lock()
                 .iter()
-                .any(|idle| !idle.sender.is_closed())
+                .any(|idle| idle.connection.is_reusable())
             {
                 assert!(Instant::now() < deadline, "the close was never seen");
                 tokio::time::sleep(Duration::from_millis(5)).await;

@@ -1,0 +1,675 @@
+//! HTTP/1.1 on one connection to a plain-`http` upstream, spoken by the task that sends.
+//!
+//! hyper's client drives each connection from a task of its own: the request goes to it through a
+//! channel, the answer's head and every piece of its body come back through two more, and each
+//! hand-over wakes the other task (~12,000 instructions of a non-streaming request were that task,
+//! callgrind). Here the attempt's own task writes the request and reads the answer from the socket.
+//! What the gateway sends is narrow (a `POST` with a `Content-Length` body, its own headers), so the
+//! writer is short; answers are read as RFC 9112 frames them: by `Content-Length`, chunked, or to
+//! the connection's close. Heads are parsed by `httparse`, the parser hyper uses.
+
+use std::io::{self, IoSlice};
+use std::mem::MaybeUninit;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode, Version};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Largest answer head read (status line and headers); hyper's default buffer limit is ~400 KiB,
+/// but no upstream needs more than a few KiB of headers.
+const HEAD_LIMIT: usize = 64 * 1024;
+
+/// Most headers an answer may have (hyper's default).
+const MAX_HEADERS: usize = 100;
+
+/// Largest chunk-size line, extensions included.
+const CHUNK_LINE_LIMIT: usize = 4 * 1024;
+
+/// Largest trailer section of a chunked answer (read and dropped: no answer needs its trailers).
+const TRAILERS_LIMIT: usize = 16 * 1024;
+
+/// What a read asks the socket for at least, and at most for a long body of known length.
+const READ_MIN: usize = 8 * 1024;
+const READ_MAX: usize = 64 * 1024;
+
+/// Why a request could not be sent or its answer read.
+#[derive(Debug, thiserror::Error)]
+pub enum Http1Error {
+    #[error("writing the request: {0}")]
+    Write(#[source] io::Error),
+    #[error("reading the answer: {0}")]
+    Read(#[source] io::Error),
+    #[error("the upstream closed the connection before its answer was complete")]
+    Closed,
+    #[error("the upstream's answer is not valid HTTP/1.1: {0}")]
+    Malformed(&'static str),
+    #[error("the upstream's answer head is larger than {HEAD_LIMIT} bytes")]
+    HeadTooLarge,
+}
+
+/// One connection, with what was read from it and not yet taken.
+pub(super) struct Connection {
+    stream: TcpStream,
+    read: BytesMut,
+}
+
+/// How an answer's body ends (RFC 9112 §6.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    Length(u64),
+    Chunked(Chunk),
+    UntilClose,
+}
+
+/// Where a chunked body's reader is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Chunk {
+    /// Before a chunk-size line.
+    Size,
+    /// Inside a chunk's data, this many bytes left.
+    Data(u64),
+    /// After a chunk's data, before its CRLF.
+    DataEnd,
+    /// After the last chunk, this many trailer bytes read so far.
+    Trailers(usize),
+}
+
+/// What the buffered bytes gave.
+enum Decoded {
+    Data(Bytes),
+    End,
+    NeedMore,
+}
+
+/// An answer's body being read from its connection.
+pub(super) struct BodyReader {
+    framing: Framing,
+    /// Whether the connection may carry another request once this body has been read.
+    keep_alive: bool,
+    done: bool,
+}
+
+impl Connection {
+    pub(super) fn new(stream: TcpStream) -> Self {
+        Self {
+            stream,
+            read: BytesMut::new(),
+        }
+    }
+
+    /// Lets go of a read buffer grown for a long answer before the connection waits in its pool:
+    /// a thousand idle connections keep 8 KiB each, not what their largest answer needed.
+    pub(super) fn shrink_for_idle(&mut self) {
+        if self.read.capacity() > 2 * READ_MIN {
+            self.read = BytesMut::new();
+        }
+    }
+
+    /// Whether an idle connection can take a request: the upstream has neither closed it nor sent
+    /// anything unasked. Costs no system call unless the socket was seen readable since its last
+    /// answer.
+    pub(super) fn is_reusable(&self) -> bool {
+        if !self.read.is_empty() {
+            return false;
+        }
+        match self.stream.try_read(&mut [0u8; 1]) {
+            Err(e) => e.kind() == io::ErrorKind::WouldBlock,
+            // Closed (0), or bytes no request asked for.
+            Ok(_) => false,
+        }
+    }
+
+    /// Writes a request: its line, `headers`, the body's `Content-Length`, and the body. Returns
+    /// whether any of it was written when it fails (a request not written at all may go out again
+    /// on another connection).
+    pub(super) async fn write_request(
+        &mut self,
+        method: &Method,
+        target: &str,
+        headers: &HeaderMap,
+        body: &[u8],
+    ) -> Result<(), (Http1Error, bool)> {
+        let head = encode_head(method, target, headers, body.len());
+        let (mut head, mut body) = (&head[..], body);
+        let mut written_any = false;
+        while !head.is_empty() || !body.is_empty() {
+            let written = if head.is_empty() {
+                self.stream.write(body).await
+            } else {
+                self.stream
+                    .write_vectored(&[IoSlice::new(head), IoSlice::new(body)])
+                    .await
+            };
+            match written {
+                Ok(0) => {
+                    return Err((
+                        Http1Error::Write(io::ErrorKind::WriteZero.into()),
+                        written_any,
+                    ));
+                }
+                Ok(n) => {
+                    written_any = true;
+                    let from_head = n.min(head.len());
+                    head = &head[from_head..];
+                    body = &body[n - from_head..];
+                }
+                Err(e) => return Err((Http1Error::Write(e), written_any)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads an answer's head (passing over `1xx` interim answers) and returns it with the reader
+    /// of its body.
+    pub(super) async fn read_head(&mut self) -> Result<(Response<()>, BodyReader), Http1Error> {
+        loop {
+            if let Some((response, body)) = self.parse_head()? {
+                return Ok((response, body));
+            }
+            if self.read.len() >= HEAD_LIMIT {
+                return Err(Http1Error::HeadTooLarge);
+            }
+            self.read.reserve(READ_MIN);
+            let read = self.stream.read_buf(&mut self.read).await;
+            match read.map_err(Http1Error::Read)? {
+                0 => return Err(Http1Error::Closed),
+                _ => continue,
+            }
+        }
+    }
+
+    /// The answer's head when the buffer holds all of it (an interim `1xx` is dropped, and the
+    /// head after it parsed).
+    fn parse_head(&mut self) -> Result<Option<(Response<()>, BodyReader)>, Http1Error> {
+        loop {
+            // Left uninitialized: zeroing room for 100 headers cost ~3,200 instructions an answer.
+            let mut slots = [const { MaybeUninit::<httparse::Header>::uninit() }; MAX_HEADERS];
+            let mut parsed = httparse::Response::new(&mut []);
+            let config = httparse::ParserConfig::default();
+            let length = match config.parse_response_with_uninit_headers(
+                &mut parsed,
+                &self.read,
+                &mut slots,
+            ) {
+                Ok(httparse::Status::Complete(length)) => length,
+                Ok(httparse::Status::Partial) => return Ok(None),
+                Err(httparse::Error::TooManyHeaders) => {
+                    return Err(Http1Error::Malformed("more than 100 headers"));
+                }
+                Err(_) => return Err(Http1Error::Malformed("its head does not parse")),
+            };
+            let code = parsed.code.unwrap_or_default();
+            if (100..200).contains(&code) {
+                if code == 101 {
+                    return Err(Http1Error::Malformed("it switches protocols"));
+                }
+                self.read.advance(length);
+                continue;
+            }
+            let status =
+                StatusCode::from_u16(code).map_err(|_| Http1Error::Malformed("its status code"))?;
+            let version = match parsed.version {
+                Some(0) => Version::HTTP_10,
+                _ => Version::HTTP_11,
+            };
+            // The values are slices of one copy of the head: the parser's slices borrow the
+            // buffer, which is advanced past the head below.
+            let head = Bytes::copy_from_slice(&self.read[..length]);
+            let base = self.read.as_ptr() as usize;
+            let mut headers = HeaderMap::with_capacity(parsed.headers.len());
+            for header in parsed.headers.iter() {
+                let name = HeaderName::from_bytes(header.name.as_bytes())
+                    .map_err(|_| Http1Error::Malformed("a header name"))?;
+                let at = header.value.as_ptr() as usize - base;
+                let value = HeaderValue::from_maybe_shared(head.slice(at..at + header.value.len()))
+                    .map_err(|_| Http1Error::Malformed("a header value"))?;
+                headers.append(name, value);
+            }
+            self.read.advance(length);
+            let body = BodyReader::for_answer(status, version, &headers)?;
+            let mut response = Response::new(());
+            *response.status_mut() = status;
+            *response.version_mut() = version;
+            *response.headers_mut() = headers;
+            return Ok(Some((response, body)));
+        }
+    }
+
+    /// The body's next piece: `None` at its end.
+    pub(super) fn poll_body(
+        &mut self,
+        body: &mut BodyReader,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Bytes, Http1Error>>> {
+        loop {
+            if body.done {
+                return Poll::Ready(None);
+            }
+            match body.decode(&mut self.read) {
+                Ok(Decoded::Data(data)) => return Poll::Ready(Some(Ok(data))),
+                Ok(Decoded::End) => {
+                    body.done = true;
+                    return Poll::Ready(None);
+                }
+                Ok(Decoded::NeedMore) => {}
+                Err(error) => return Poll::Ready(Some(Err(error))),
+            }
+            let wanted = match body.framing {
+                Framing::Length(left) => (left as usize).clamp(READ_MIN, READ_MAX),
+                _ => READ_MIN,
+            };
+            self.read.reserve(wanted);
+            let read = ready!(tokio_util::io::poll_read_buf(
+                Pin::new(&mut self.stream),
+                cx,
+                &mut self.read
+            ));
+            match read {
+                Ok(0) if body.framing == Framing::UntilClose => {
+                    body.done = true;
+                    return Poll::Ready(None);
+                }
+                Ok(0) => return Poll::Ready(Some(Err(Http1Error::Closed))),
+                Ok(_) => {}
+                Err(error) => return Poll::Ready(Some(Err(Http1Error::Read(error)))),
+            }
+        }
+    }
+
+    /// Whether the connection can carry the next request now that `body` was read to its end:
+    /// the answer allowed it, and nothing came after the answer.
+    pub(super) fn reusable_after(&self, body: &BodyReader) -> bool {
+        body.done && body.keep_alive && self.read.is_empty()
+    }
+}
+
+impl BodyReader {
+    /// How the body of an answer with this head is framed, and whether its connection stays open.
+    fn for_answer(
+        status: StatusCode,
+        version: Version,
+        headers: &HeaderMap,
+    ) -> Result<Self, Http1Error> {
+        let mut keep_alive = match version {
+            Version::HTTP_10 => has_token(headers, CONNECTION, "keep-alive"),
+            _ => !has_token(headers, CONNECTION, "close"),
+        };
+        let framing = if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+            Framing::Length(0)
+        } else if let Some(last) = headers
+            .get_all(TRANSFER_ENCODING)
+            .iter()
+            .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+            .map(|coding| coding.trim_ascii())
+            .rfind(|coding| !coding.is_empty())
+        {
+            // A length beside a transfer coding is ignored, and the connection not trusted after.
+            if headers.contains_key(CONTENT_LENGTH) {
+                keep_alive = false;
+            }
+            if last.eq_ignore_ascii_case(b"chunked") {
+                Framing::Chunked(Chunk::Size)
+            } else {
+                keep_alive = false;
+                Framing::UntilClose
+            }
+        } else if headers.contains_key(CONTENT_LENGTH) {
+            Framing::Length(content_length(headers)?)
+        } else {
+            keep_alive = false;
+            Framing::UntilClose
+        };
+        let done = framing == Framing::Length(0);
+        Ok(Self {
+            framing,
+            keep_alive,
+            done,
+        })
+    }
+
+    pub(super) fn is_end_stream(&self) -> bool {
+        self.done
+    }
+
+    /// The bytes of the body still to come, when known.
+    pub(super) fn remaining(&self) -> Option<u64> {
+        match self.framing {
+            _ if self.done => Some(0),
+            Framing::Length(left) => Some(left),
+            _ => None,
+        }
+    }
+
+    /// The next piece of the body in `read`, taking it out.
+    fn decode(&mut self, read: &mut BytesMut) -> Result<Decoded, Http1Error> {
+        match &mut self.framing {
+            Framing::Length(0) => Ok(Decoded::End),
+            Framing::Length(left) => {
+                if read.is_empty() {
+                    return Ok(Decoded::NeedMore);
+                }
+                let taken = read.len().min(usize::try_from(*left).unwrap_or(usize::MAX));
+                *left -= taken as u64;
+                if *left == 0 {
+                    // The caller sees the end with the last piece.
+                    self.done = true;
+                }
+                Ok(Decoded::Data(read.split_to(taken).freeze()))
+            }
+            Framing::UntilClose => {
+                if read.is_empty() {
+                    return Ok(Decoded::NeedMore);
+                }
+                Ok(Decoded::Data(read.split().freeze()))
+            }
+            Framing::Chunked(chunk) => decode_chunked(chunk, read),
+        }
+    }
+}
+
+/// The next piece of a chunked body in `read` (RFC 9112 §7.1).
+fn decode_chunked(chunk: &mut Chunk, read: &mut BytesMut) -> Result<Decoded, Http1Error> {
+    loop {
+        match chunk {
+            Chunk::Size => {
+                let Some(end) = memchr::memchr(b'\n', read) else {
+                    if read.len() > CHUNK_LINE_LIMIT {
+                        return Err(Http1Error::Malformed("a chunk-size line is too long"));
+                    }
+                    return Ok(Decoded::NeedMore);
+                };
+                let size = chunk_size(&read[..=end])?;
+                read.advance(end + 1);
+                *chunk = match size {
+                    0 => Chunk::Trailers(0),
+                    size => Chunk::Data(size),
+                };
+            }
+            Chunk::Data(left) => {
+                if read.is_empty() {
+                    return Ok(Decoded::NeedMore);
+                }
+                let taken = read.len().min(usize::try_from(*left).unwrap_or(usize::MAX));
+                *left -= taken as u64;
+                if *left == 0 {
+                    *chunk = Chunk::DataEnd;
+                }
+                return Ok(Decoded::Data(read.split_to(taken).freeze()));
+            }
+            Chunk::DataEnd => {
+                if read.len() < 2 {
+                    return Ok(Decoded::NeedMore);
+                }
+                if &read[..2] != b"\r\n" {
+                    return Err(Http1Error::Malformed("a chunk does not end with CRLF"));
+                }
+                read.advance(2);
+                *chunk = Chunk::Size;
+            }
+            Chunk::Trailers(seen) => {
+                let Some(end) = memchr::memchr(b'\n', read) else {
+                    if *seen + read.len() > TRAILERS_LIMIT {
+                        return Err(Http1Error::Malformed("its trailers are too large"));
+                    }
+                    return Ok(Decoded::NeedMore);
+                };
+                let line = &read[..end];
+                let blank = line.is_empty() || line == b"\r";
+                *seen += end + 1;
+                read.advance(end + 1);
+                if blank {
+                    return Ok(Decoded::End);
+                }
+                if *seen > TRAILERS_LIMIT {
+                    return Err(Http1Error::Malformed("its trailers are too large"));
+                }
+            }
+        }
+    }
+}
+
+/// A chunk-size line's size: hex digits, then optional extensions after `;`, ending in CRLF.
+fn chunk_size(line: &[u8]) -> Result<u64, Http1Error> {
+    let bad = || Http1Error::Malformed("a chunk-size line does not parse");
+    let line = line.strip_suffix(b"\r\n").ok_or(Http1Error::Malformed(
+        "a chunk-size line does not end with CRLF",
+    ))?;
+    let digits = line
+        .iter()
+        .position(|b| !b.is_ascii_hexdigit())
+        .unwrap_or(line.len());
+    if digits == 0 || digits > 16 {
+        return Err(bad());
+    }
+    let rest = line[digits..].trim_ascii_start();
+    if !(rest.is_empty() || rest.starts_with(b";")) {
+        return Err(bad());
+    }
+    let text = std::str::from_utf8(&line[..digits]).map_err(|_| bad())?;
+    u64::from_str_radix(text, 16).map_err(|_| bad())
+}
+
+/// The answer's `Content-Length`: repeated values (as lists or headers) must agree.
+fn content_length(headers: &HeaderMap) -> Result<u64, Http1Error> {
+    let mut length = None;
+    for value in headers.get_all(CONTENT_LENGTH) {
+        for part in value.as_bytes().split(|b| *b == b',') {
+            let part = part.trim_ascii();
+            if part.is_empty() || !part.iter().all(u8::is_ascii_digit) {
+                return Err(Http1Error::Malformed("its Content-Length"));
+            }
+            let parsed: u64 = std::str::from_utf8(part)
+                .ok()
+                .and_then(|p| p.parse().ok())
+                .ok_or(Http1Error::Malformed("its Content-Length"))?;
+            if length.is_some_and(|l| l != parsed) {
+                return Err(Http1Error::Malformed("its Content-Length values differ"));
+            }
+            length = Some(parsed);
+        }
+    }
+    length.ok_or(Http1Error::Malformed("its Content-Length"))
+}
+
+/// Whether a comma-separated header such as `Connection` lists `token`.
+fn has_token(headers: &HeaderMap, name: HeaderName, token: &str) -> bool {
+    headers.get_all(name).iter().any(|value| {
+        value
+            .as_bytes()
+            .split(|b| *b == b',')
+            .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
+    })
+}
+
+/// The request line and headers, ending with the body's length and the blank line.
+fn encode_head(method: &Method, target: &str, headers: &HeaderMap, body_len: usize) -> Vec<u8> {
+    let size = headers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum::<usize>()
+        + target.len()
+        + 64;
+    let mut head = Vec::with_capacity(size);
+    head.extend_from_slice(method.as_str().as_bytes());
+    head.push(b' ');
+    head.extend_from_slice(target.as_bytes());
+    head.extend_from_slice(b" HTTP/1.1\r\n");
+    for (name, value) in headers {
+        head.extend_from_slice(name.as_str().as_bytes());
+        head.extend_from_slice(b": ");
+        head.extend_from_slice(value.as_bytes());
+        head.extend_from_slice(b"\r\n");
+    }
+    head.extend_from_slice(b"content-length: ");
+    head.extend_from_slice(itoa::Buffer::new().format(body_len).as_bytes());
+    head.extend_from_slice(b"\r\n\r\n");
+    head
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Decodes `wire` (a body as framed by `head`) fed `step` bytes at a time.
+    fn decode_all(head: &str, wire: &[u8], step: usize) -> Result<(Vec<u8>, bool), Http1Error> {
+        let mut connection = BytesMut::from(format!("{head}\r\n\r\n").as_bytes());
+        let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut parsed = httparse::Response::new(&mut slots);
+        let httparse::Status::Complete(length) = parsed.parse(&connection).unwrap() else {
+            panic!("partial head");
+        };
+        let mut headers = HeaderMap::new();
+        for h in parsed.headers.iter() {
+            headers.append(
+                HeaderName::from_bytes(h.name.as_bytes()).unwrap(),
+                HeaderValue::from_bytes(h.value).unwrap(),
+            );
+        }
+        let version = if parsed.version == Some(0) {
+            Version::HTTP_10
+        } else {
+            Version::HTTP_11
+        };
+        let status = StatusCode::from_u16(parsed.code.unwrap()).unwrap();
+        connection.advance(length);
+        let mut body = BodyReader::for_answer(status, version, &headers)?;
+        let mut out = Vec::new();
+        let mut fed = 0;
+        loop {
+            match body.decode(&mut connection)? {
+                Decoded::Data(data) => out.extend_from_slice(&data),
+                Decoded::End => {
+                    body.done = true;
+                    break;
+                }
+                Decoded::NeedMore if fed < wire.len() => {
+                    let next = (fed + step).min(wire.len());
+                    connection.extend_from_slice(&wire[fed..next]);
+                    fed = next;
+                }
+                Decoded::NeedMore if body.framing == Framing::UntilClose => {
+                    body.done = true;
+                    break;
+                }
+                Decoded::NeedMore => return Err(Http1Error::Closed),
+            }
+            if body.done {
+                break;
+            }
+        }
+        let reusable = body.keep_alive && connection.is_empty() && fed == wire.len();
+        Ok((out, reusable))
+    }
+
+    /// Checks that `wire`, framed by `head`, reads as `body` and leaves its connection reusable
+    /// or not.
+    fn reads(head: &str, wire: &[u8], step: usize, body: &[u8], reusable: bool) {
+        let (read, left_reusable) = decode_all(head, wire, step).unwrap();
+        assert_eq!(read, body, "{head}");
+        assert_eq!(left_reusable, reusable, "{head}");
+    }
+
+    #[test]
+    fn a_chunked_body_reads_the_same_whatever_the_reads_split() {
+        let wire =
+            b"5;ext=1\r\nhello\r\n1A\r\nabcdefghijklmnopqrstuvwxyz\r\n0\r\nx-trailer: 1\r\n\r\n";
+        for step in [1, 2, 3, 7, wire.len()] {
+            let (body, reusable) =
+                decode_all("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked", wire, step).unwrap();
+            assert_eq!(body, b"helloabcdefghijklmnopqrstuvwxyz", "step {step}");
+            assert!(reusable, "step {step}");
+        }
+    }
+
+    #[test]
+    fn a_length_body_ends_at_its_length_and_bytes_after_it_keep_the_connection_from_reuse() {
+        let head = "HTTP/1.1 200 OK\r\ncontent-length: 5";
+        reads(head, b"hello", 2, b"hello", true);
+        // Bytes no request asked for.
+        reads(head, b"helloHTTP/1.1", 100, b"hello", false);
+    }
+
+    #[test]
+    fn a_body_without_length_or_coding_runs_to_the_close_and_ends_its_connection() {
+        reads("HTTP/1.1 200 OK", b"all of it", 4, b"all of it", false);
+        let gzip = "HTTP/1.1 200 OK\r\ntransfer-encoding: gzip";
+        reads(gzip, b"zipped", 100, b"zipped", false);
+    }
+
+    #[test]
+    fn what_the_answer_says_of_its_connection_decides_its_reuse() {
+        let reusable = |head: &str| decode_all(head, b"ok", 100).unwrap().1;
+        assert!(reusable("HTTP/1.1 200 OK\r\ncontent-length: 2"));
+        assert!(!reusable(
+            "HTTP/1.1 200 OK\r\nconnection: Close\r\ncontent-length: 2"
+        ));
+        assert!(!reusable("HTTP/1.0 200 OK\r\ncontent-length: 2"));
+        assert!(reusable(
+            "HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ncontent-length: 2"
+        ));
+        // A length beside a coding: the coding frames the body, the connection is not trusted.
+        let both = "HTTP/1.1 200 OK\r\ncontent-length: 2\r\ntransfer-encoding: chunked";
+        reads(both, b"2\r\nok\r\n0\r\n\r\n", 100, b"ok", false);
+    }
+
+    #[test]
+    fn an_answer_without_a_body_ends_at_its_head() {
+        for head in ["HTTP/1.1 204 No Content", "HTTP/1.1 304 Not Modified"] {
+            let (body, reusable) = decode_all(head, b"", 1).unwrap();
+            assert!(body.is_empty(), "{head}");
+            assert!(reusable, "{head}");
+        }
+    }
+
+    #[test]
+    fn broken_framing_is_an_error_naming_what_broke() {
+        let error = |head: &str, wire: &[u8]| decode_all(head, wire, 3).unwrap_err().to_string();
+        let chunked = "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked";
+        assert!(error(chunked, b"zz\r\n").contains("chunk-size"));
+        assert!(error(chunked, b"2\r\nabXY").contains("CRLF"));
+        assert!(error(chunked, b"11111111111111111\r\n").contains("chunk-size"));
+        assert!(error(chunked, &[b'1'; 5000]).contains("too long"));
+        assert!(error(chunked, b"3\r\nab").contains("closed"));
+        let mut trailers = b"0\r\n".to_vec();
+        trailers.extend(std::iter::repeat_n(b"x-t: 1\r\n".as_slice(), 3000).flatten());
+        assert!(error(chunked, &trailers).contains("trailers"));
+        assert!(
+            error("HTTP/1.1 200 OK\r\ncontent-length: 5", b"abc").contains("closed"),
+            "a body shorter than its length"
+        );
+        assert!(
+            error(
+                "HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 6",
+                b"abcde"
+            )
+            .contains("differ")
+        );
+        assert!(error("HTTP/1.1 200 OK\r\ncontent-length: -1", b"").contains("Content-Length"));
+        // The same value twice is one length.
+        let (body, _) = decode_all("HTTP/1.1 200 OK\r\ncontent-length: 2, 2", b"ok", 1).unwrap();
+        assert_eq!(body, b"ok");
+    }
+
+    #[test]
+    fn the_request_head_names_its_length_after_the_given_headers() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            http::header::HOST,
+            HeaderValue::from_static("10.0.0.7:8000"),
+        );
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        let head = encode_head(&Method::POST, "/v1/chat/completions?x=1", &headers, 1234);
+        assert_eq!(
+            String::from_utf8(head).unwrap(),
+            "POST /v1/chat/completions?x=1 HTTP/1.1\r\nhost: 10.0.0.7:8000\r\n\
+             content-type: application/json\r\ncontent-length: 1234\r\n\r\n"
+        );
+    }
+}
