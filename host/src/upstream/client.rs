@@ -1,6 +1,7 @@
 //! The pooled HTTP client every attempt sends through, with its timeouts.
 //!
-//! Attempts go out through hyper-util's pooled client directly. reqwest wraps the same client and
+//! Plain-`http` upstreams are spoken to from this thread's pools (`pool.rs`, `http1.rs`); TLS ones
+//! through hyper-util's pooled client directly. reqwest wraps the same client and
 //! cost ~8,500 instructions more per request (a redirect layer it always installs, the URL parsed
 //! again into its own types and back); it stays only for a gateway whose environment names a proxy
 //! (`HTTPS_PROXY` and friends), which reqwest implements and hyper does not.
