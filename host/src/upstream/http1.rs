@@ -167,8 +167,8 @@ impl Connection {
     /// of its body.
     pub(super) async fn read_head(&mut self) -> Result<(Response<()>, BodyReader), Http1Error> {
         loop {
-            if let Some((response, body)) = self.parse_head()? {
-                return Ok((response, body));
+            if let Some(answer) = self.parse_head()? {
+                return Ok(answer);
             }
             if self.read.len() >= HEAD_LIMIT {
                 return Err(Http1Error::HeadTooLarge);
@@ -300,13 +300,7 @@ impl BodyReader {
         };
         let framing = if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
             Framing::Length(0)
-        } else if let Some(last) = headers
-            .get_all(TRANSFER_ENCODING)
-            .iter()
-            .flat_map(|v| v.as_bytes().split(|b| *b == b','))
-            .map(|coding| coding.trim_ascii())
-            .rfind(|coding| !coding.is_empty())
-        {
+        } else if let Some(last) = list_items(headers, TRANSFER_ENCODING).rfind(|c| !c.is_empty()) {
             // A length beside a transfer coding is ignored, and the connection not trusted after.
             if headers.contains_key(CONTENT_LENGTH) {
                 keep_alive = false;
@@ -352,13 +346,10 @@ impl BodyReader {
                 if read.is_empty() {
                     return Ok(Decoded::NeedMore);
                 }
-                let taken = read.len().min(usize::try_from(*left).unwrap_or(usize::MAX));
-                *left -= taken as u64;
-                if *left == 0 {
-                    // The caller sees the end with the last piece.
-                    self.done = true;
-                }
-                Ok(Decoded::Data(read.split_to(taken).freeze()))
+                let data = take_up_to(read, left);
+                // The caller sees the end with the last piece.
+                self.done = *left == 0;
+                Ok(Decoded::Data(data))
             }
             Framing::UntilClose => {
                 if read.is_empty() {
@@ -369,6 +360,13 @@ impl BodyReader {
             Framing::Chunked(chunk) => decode_chunked(chunk, read),
         }
     }
+}
+
+/// What `read` holds of the `left` bytes still to come, taken out of it (`left` counted down).
+fn take_up_to(read: &mut BytesMut, left: &mut u64) -> Bytes {
+    let taken = read.len().min(usize::try_from(*left).unwrap_or(usize::MAX));
+    *left -= taken as u64;
+    read.split_to(taken).freeze()
 }
 
 /// The next piece of a chunked body in `read` (RFC 9112 §7.1).
@@ -393,12 +391,11 @@ fn decode_chunked(chunk: &mut Chunk, read: &mut BytesMut) -> Result<Decoded, Htt
                 if read.is_empty() {
                     return Ok(Decoded::NeedMore);
                 }
-                let taken = read.len().min(usize::try_from(*left).unwrap_or(usize::MAX));
-                *left -= taken as u64;
+                let data = take_up_to(read, left);
                 if *left == 0 {
                     *chunk = Chunk::DataEnd;
                 }
-                return Ok(Decoded::Data(read.split_to(taken).freeze()));
+                return Ok(Decoded::Data(data));
             }
             Chunk::DataEnd => {
                 if read.len() < 2 {
@@ -456,33 +453,34 @@ fn chunk_size(line: &[u8]) -> Result<u64, Http1Error> {
 /// The answer's `Content-Length`: repeated values (as lists or headers) must agree.
 fn content_length(headers: &HeaderMap) -> Result<u64, Http1Error> {
     let mut length = None;
-    for value in headers.get_all(CONTENT_LENGTH) {
-        for part in value.as_bytes().split(|b| *b == b',') {
-            let part = part.trim_ascii();
-            if part.is_empty() || !part.iter().all(u8::is_ascii_digit) {
-                return Err(Http1Error::Malformed("its Content-Length"));
-            }
-            let parsed: u64 = std::str::from_utf8(part)
-                .ok()
-                .and_then(|p| p.parse().ok())
-                .ok_or(Http1Error::Malformed("its Content-Length"))?;
-            if length.is_some_and(|l| l != parsed) {
-                return Err(Http1Error::Malformed("its Content-Length values differ"));
-            }
-            length = Some(parsed);
+    for part in list_items(headers, CONTENT_LENGTH) {
+        if part.is_empty() || !part.iter().all(u8::is_ascii_digit) {
+            return Err(Http1Error::Malformed("its Content-Length"));
         }
+        let parsed: u64 = std::str::from_utf8(part)
+            .ok()
+            .and_then(|p| p.parse().ok())
+            .ok_or(Http1Error::Malformed("its Content-Length"))?;
+        if length.is_some_and(|l| l != parsed) {
+            return Err(Http1Error::Malformed("its Content-Length values differ"));
+        }
+        length = Some(parsed);
     }
     length.ok_or(Http1Error::Malformed("its Content-Length"))
 }
 
+/// The items of a comma-separated header over all its lines, trimmed (empty ones included).
+fn list_items(headers: &HeaderMap, name: HeaderName) -> impl DoubleEndedIterator<Item = &[u8]> {
+    headers
+        .get_all(name)
+        .into_iter()
+        .flat_map(|value| value.as_bytes().split(|b| *b == b','))
+        .map(<[u8]>::trim_ascii)
+}
+
 /// Whether a comma-separated header such as `Connection` lists `token`.
 fn has_token(headers: &HeaderMap, name: HeaderName, token: &str) -> bool {
-    headers.get_all(name).iter().any(|value| {
-        value
-            .as_bytes()
-            .split(|b| *b == b',')
-            .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
-    })
+    list_items(headers, name).any(|t| t.eq_ignore_ascii_case(token.as_bytes()))
 }
 
 /// The request line and headers, ending with the body's length and the blank line.
