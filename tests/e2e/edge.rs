@@ -221,6 +221,63 @@ async fn read_stream(response: reqwest::Response) -> String {
     text
 }
 
+/// HTTP/1 connections are served by the gateway's own connection code, HTTP/2 ones (prior
+/// knowledge) by hyper's: both reach the same handler, for a whole answer, a stream, and a request
+/// body sent in chunks of unknown length.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http1_and_http2_clients_are_served_alike() {
+    let mock = Mock::start(&[]);
+    let gw = Gateway::start(&model(&mock, ""));
+    let http1 = reqwest::Client::builder().http1_only().build().unwrap();
+    let http2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let url = gw.url("/v1/chat/completions");
+    for (client, version) in [
+        (&http1, reqwest::Version::HTTP_11),
+        (&http2, reqwest::Version::HTTP_2),
+    ] {
+        let whole = client
+            .post(&url)
+            .json(&chat_body("m", false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!((whole.version(), whole.status().as_u16()), (version, 200));
+        let answer: serde_json::Value = whole.json().await.unwrap();
+        assert!(
+            answer["choices"][0]["message"]["content"].is_string(),
+            "{answer}"
+        );
+
+        let streamed = client
+            .post(&url)
+            .json(&chat_body("m", true))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(streamed.status(), 200);
+        let text = read_stream(streamed).await;
+        assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+
+        let body = serde_json::to_vec(&chat_body("m", false)).unwrap();
+        let pieces: Vec<Result<Vec<u8>, std::io::Error>> =
+            body.chunks(7).map(|piece| Ok(piece.to_vec())).collect();
+        let chunked = client
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(reqwest::Body::wrap_stream(futures::stream::iter(pieces)))
+            .send()
+            .await
+            .unwrap();
+        let status = chunked.status();
+        let text = chunked.text().await.unwrap();
+        assert_eq!(status, 200, "{version:?}: {text}");
+    }
+    assert_eq!(mock.chat_requests().await, 6);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_streams_that_finish_within_the_grace_complete() {
     // 20 tokens at 10/s: about 2 s per stream, well within the default 30 s grace.

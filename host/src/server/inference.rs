@@ -342,9 +342,23 @@ pub(super) async fn read_body(
     let limit = server.max_body_bytes;
     let within = server.edge.request_body_timeout;
     let read = async {
-        let mut out = Vec::with_capacity(length.unwrap_or(0).min(limit));
         let mut chunks = body.into_data_stream();
-        while let Some(chunk) = chunks.next().await {
+        // A body read with its head (server/http1.rs) comes as one piece: it is the body, with
+        // no copy.
+        let first = match chunks.next().await {
+            None => return Ok(bytes::Bytes::new()),
+            Some(chunk) => chunk.map_err(|_| GatewayError::BodyTooLarge(limit >> 20))?,
+        };
+        if first.len() > limit {
+            return Err(GatewayError::BodyTooLarge(limit >> 20));
+        }
+        let Some(second) = chunks.next().await else {
+            return Ok(first);
+        };
+        let mut out = Vec::with_capacity(length.unwrap_or(0).min(limit));
+        out.extend_from_slice(&first);
+        let mut rest = futures::stream::iter([second]).chain(chunks);
+        while let Some(chunk) = rest.next().await {
             let chunk = chunk.map_err(|_| GatewayError::BodyTooLarge(limit >> 20))?;
             if out.len() + chunk.len() > limit {
                 return Err(GatewayError::BodyTooLarge(limit >> 20));

@@ -1,8 +1,9 @@
 //! The accept loop: client connections with bounded waits, a cap below the file limit, and a
 //! shutdown that drains for `server.shutdown_grace_seconds` and then ends what is left.
 //!
-//! axum::serve has none of these knobs, so connections are driven by hyper-util's auto (HTTP/1 and
-//! HTTP/2) builder directly; the service is the server's `Edge` (the axum `Router`, with inference
+//! axum::serve has none of these knobs, so connections are driven here: HTTP/1 by the connection's
+//! own task (`server/http1.rs`), HTTP/2 (prior knowledge) by hyper's HTTP/2 connection; the
+//! service is the server's `Edge` (the axum `Router`, with inference
 //! requests taken to their handler directly).
 
 use std::convert::Infallible;
@@ -15,10 +16,10 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::ConnectInfo;
-use axum::http::{HeaderValue, Request, Response, Version, header};
+use axum::http::Request;
 use hyper::body::Incoming;
+use hyper::server::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, watch};
 
@@ -166,11 +167,11 @@ impl Drop for ConnectionSlot {
 /// What a connection over the cap is told before it is closed.
 const REFUSAL: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\nretry-after: 1\r\ncontent-type: application/json\r\ncontent-length: 87\r\n\r\n{\"error\":{\"message\":\"too many connections\",\"type\":\"service_unavailable\",\"code\":\"busy\"}}";
 
-/// What every accept loop of one listening address shares: the connection builder, the open
+/// What every accept loop of one listening address shares: the HTTP/2 connection builder, the open
 /// connections (one cap across all loops) and the drain.
 #[derive(Clone)]
 struct Serving {
-    builder: Arc<auto::Builder<TokioExecutor>>,
+    http2: Arc<http2::Builder<TokioExecutor>>,
     open: Arc<OpenConnections>,
     drain: Arc<Drain>,
     max_connections: usize,
@@ -180,19 +181,14 @@ struct Serving {
 
 impl Serving {
     fn new(edge: &EdgeConfig, max_connections: usize, drain: Arc<Drain>) -> Self {
-        let mut builder = auto::Builder::new(TokioExecutor::new());
-        builder
-            .http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(edge.header_read_timeout);
         // HTTP/2 has no header timeout in hyper; pings find peers that went away.
-        builder
-            .http2()
+        let mut http2 = http2::Builder::new(TokioExecutor::new());
+        http2
             .timer(TokioTimer::new())
             .keep_alive_interval(Some(Duration::from_secs(30)))
             .keep_alive_timeout(Duration::from_secs(20));
         Self {
-            builder: Arc::new(builder),
+            http2: Arc::new(http2),
             open: Arc::default(),
             drain,
             max_connections,
@@ -375,7 +371,7 @@ pub fn bind_shared(addr: SocketAddr, count: usize) -> std::io::Result<Vec<std::n
 /// (or the grace is over).
 async fn accept_loop(listener: TcpListener, app: super::Edge, serving: Serving) {
     let Serving {
-        builder,
+        http2,
         open,
         drain,
         max_connections,
@@ -406,12 +402,12 @@ async fn accept_loop(listener: TcpListener, app: super::Edge, serving: Serving) 
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!("TCP_NODELAY: {e}");
         }
-        let builder = builder.clone();
+        let http2 = http2.clone();
         let app = app.clone();
         let drain = drain.clone();
         tokio::spawn(async move {
             let _slot = slot;
-            serve_connection(&builder, tcp, peer, app, drain, header_read_timeout).await;
+            serve_connection(&http2, tcp, peer, app, drain, header_read_timeout).await;
         });
     }
 }
@@ -433,44 +429,56 @@ async fn drained(open: Arc<OpenConnections>, drain: Arc<Drain>, grace: Duration)
 }
 
 async fn serve_connection(
-    builder: &auto::Builder<TokioExecutor>,
+    http2: &http2::Builder<TokioExecutor>,
     tcp: TcpStream,
     peer: SocketAddr,
     app: super::Edge,
     drain: Arc<Drain>,
     header_read_timeout: Duration,
 ) {
-    // hyper's header timer starts once it knows the protocol, which takes the first bytes: a
-    // client that connects and sends nothing is bounded here.
-    if !request_started(&tcp, header_read_timeout).await {
-        return;
+    // The first head must come within the header timeout of the connection's start.
+    let deadline = tokio::time::Instant::now() + header_read_timeout;
+    // A connection open when draining begins stops taking requests after its current one. One
+    // accepted later is served once: its HTTP/1 answer carries `connection: close` (hyper would
+    // drop an HTTP/2 one before reading its request, so it is not told).
+    let draining = drain.reached(Phase::Draining);
+    let drained_already = drain.is_draining();
+    match opening(&tcp, deadline).await {
+        Opening::Nothing => {}
+        Opening::Http1 => {
+            super::http1::serve(
+                tcp,
+                peer,
+                &app,
+                &drain,
+                draining,
+                deadline,
+                header_read_timeout,
+            )
+            .await;
+        }
+        Opening::Http2 if drained_already => {
+            serve_http2(http2, tcp, peer, app, std::future::pending()).await;
+        }
+        Opening::Http2 => serve_http2(http2, tcp, peer, app, draining).await,
     }
-    let requests_drain = drain.clone();
+}
+
+/// Serves an HTTP/2 connection with hyper until it closes, or until `draining` completes and
+/// its streams have finished.
+async fn serve_http2(
+    http2: &http2::Builder<TokioExecutor>,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    app: super::Edge,
+    draining: impl Future<Output = ()>,
+) {
     let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
         request.extensions_mut().insert(ConnectInfo(peer));
-        let version = request.version();
         let answer = app.answer(request.map(Body::new));
-        let drain = requests_drain.clone();
-        async move {
-            let mut response: Response<Body> = answer.await;
-            // A connection that began after draining started closes after its answer.
-            if version == Version::HTTP_11 && drain.is_draining() {
-                response
-                    .headers_mut()
-                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
-            }
-            Ok::<_, Infallible>(response)
-        }
+        async move { Ok::<_, Infallible>(answer.await) }
     });
-    // A connection open when draining begins stops taking requests after its current one. One
-    // accepted later is not told (hyper would drop it before reading its request): its answer
-    // carries `connection: close` instead.
-    let draining = if drain.is_draining() {
-        futures::future::Either::Left(std::future::pending())
-    } else {
-        futures::future::Either::Right(drain.reached(Phase::Draining))
-    };
-    let mut connection = pin!(builder.serve_connection(TokioIo::new(tcp), service));
+    let mut connection = pin!(http2.serve_connection(TokioIo::new(tcp), service));
     tokio::select! {
         result = connection.as_mut() => {
             if let Err(e) = result {
@@ -485,22 +493,35 @@ async fn serve_connection(
     }
 }
 
+/// How a client opened its connection.
+#[derive(Debug, PartialEq, Eq)]
+enum Opening {
+    /// Anything but HTTP/2's preface: served as HTTP/1 (which answers what does not parse).
+    Http1,
+    /// HTTP/2's preface, with prior knowledge.
+    Http2,
+    /// Nothing by the deadline, or it closed.
+    Nothing,
+}
+
 /// Waits until the client has sent enough to tell HTTP/1 from HTTP/2 (its first byte, or the
-/// HTTP/2 preface), for at most `within`. False if it sent nothing in time or closed.
-async fn request_started(tcp: &TcpStream, within: Duration) -> bool {
+/// HTTP/2 preface), until `deadline` at the latest.
+async fn opening(tcp: &TcpStream, deadline: tokio::time::Instant) -> Opening {
     const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-    let deadline = tokio::time::Instant::now() + within;
     let mut buf = [0u8; PREFACE.len()];
     loop {
         match tokio::time::timeout_at(deadline, tcp.peek(&mut buf)).await {
-            Err(_) | Ok(Err(_)) | Ok(Ok(0)) => return false,
+            Err(_) | Ok(Err(_)) | Ok(Ok(0)) => return Opening::Nothing,
             Ok(Ok(n)) => {
-                if n == PREFACE.len() || buf[..n] != PREFACE[..n] {
-                    return true;
+                if buf[..n] != PREFACE[..n] {
+                    return Opening::Http1;
+                }
+                if n == PREFACE.len() {
+                    return Opening::Http2;
                 }
             }
         }
-        // Part of the preface (or of `POST`): peek would return the same bytes at once.
+        // Part of the preface (or of `PRI`): peek would return the same bytes at once.
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

@@ -4,6 +4,7 @@ pub mod auth;
 pub mod budget;
 pub mod caller;
 pub mod error;
+mod http1;
 mod inference;
 pub mod listener;
 pub mod metrics;

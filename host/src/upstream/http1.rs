@@ -15,7 +15,8 @@ use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode, Version};
+use http::{HeaderMap, Method, Response, StatusCode, Version};
+use switchyard_http1::{Decoded, Framing, HeadCopy, content_length, has_token, list_items};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -25,12 +26,6 @@ const HEAD_LIMIT: usize = 64 * 1024;
 
 /// Most headers an answer may have (hyper's default).
 const MAX_HEADERS: usize = 100;
-
-/// Largest chunk-size line, extensions included.
-const CHUNK_LINE_LIMIT: usize = 4 * 1024;
-
-/// Largest trailer section of a chunked answer (read and dropped: no answer needs its trailers).
-const TRAILERS_LIMIT: usize = 16 * 1024;
 
 /// What a read asks the socket for at least, and at most for a long body of known length.
 const READ_MIN: usize = 8 * 1024;
@@ -55,34 +50,6 @@ pub enum Http1Error {
 pub(super) struct Connection {
     stream: TcpStream,
     read: BytesMut,
-}
-
-/// How an answer's body ends (RFC 9112 §6.3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Framing {
-    Length(u64),
-    Chunked(Chunk),
-    UntilClose,
-}
-
-/// Where a chunked body's reader is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Chunk {
-    /// Before a chunk-size line.
-    Size,
-    /// Inside a chunk's data, this many bytes left.
-    Data(u64),
-    /// After a chunk's data, before its CRLF.
-    DataEnd,
-    /// After the last chunk, this many trailer bytes read so far.
-    Trailers(usize),
-}
-
-/// What the buffered bytes gave.
-enum Decoded {
-    Data(Bytes),
-    End,
-    NeedMore,
 }
 
 /// An answer's body being read from its connection.
@@ -216,19 +183,9 @@ impl Connection {
                 Some(0) => Version::HTTP_10,
                 _ => Version::HTTP_11,
             };
-            // The values are slices of one copy of the head: the parser's slices borrow the
-            // buffer, which is advanced past the head below.
-            let head = Bytes::copy_from_slice(&self.read[..length]);
-            let base = self.read.as_ptr() as usize;
-            let mut headers = HeaderMap::with_capacity(parsed.headers.len());
-            for header in parsed.headers.iter() {
-                let name = HeaderName::from_bytes(header.name.as_bytes())
-                    .map_err(|_| Http1Error::Malformed("a header name"))?;
-                let at = header.value.as_ptr() as usize - base;
-                let value = HeaderValue::from_maybe_shared(head.slice(at..at + header.value.len()))
-                    .map_err(|_| Http1Error::Malformed("a header value"))?;
-                headers.append(name, value);
-            }
+            let headers = HeadCopy::new(&self.read, length)
+                .headers(parsed.headers)
+                .map_err(|m| Http1Error::Malformed(m.0))?;
             self.read.advance(length);
             let body = BodyReader::for_answer(status, version, &headers)?;
             let mut response = Response::new(());
@@ -306,13 +263,13 @@ impl BodyReader {
                 keep_alive = false;
             }
             if last.eq_ignore_ascii_case(b"chunked") {
-                Framing::Chunked(Chunk::Size)
+                Framing::CHUNKED
             } else {
                 keep_alive = false;
                 Framing::UntilClose
             }
         } else if headers.contains_key(CONTENT_LENGTH) {
-            Framing::Length(content_length(headers)?)
+            Framing::Length(content_length(headers).map_err(|m| Http1Error::Malformed(m.0))?)
         } else {
             keep_alive = false;
             Framing::UntilClose
@@ -340,147 +297,16 @@ impl BodyReader {
 
     /// The next piece of the body in `read`, taking it out.
     fn decode(&mut self, read: &mut BytesMut) -> Result<Decoded, Http1Error> {
-        match &mut self.framing {
-            Framing::Length(0) => Ok(Decoded::End),
-            Framing::Length(left) => {
-                if read.is_empty() {
-                    return Ok(Decoded::NeedMore);
-                }
-                let data = take_up_to(read, left);
-                // The caller sees the end with the last piece.
-                self.done = *left == 0;
-                Ok(Decoded::Data(data))
-            }
-            Framing::UntilClose => {
-                if read.is_empty() {
-                    return Ok(Decoded::NeedMore);
-                }
-                Ok(Decoded::Data(read.split().freeze()))
-            }
-            Framing::Chunked(chunk) => decode_chunked(chunk, read),
+        let decoded = self
+            .framing
+            .decode(read)
+            .map_err(|m| Http1Error::Malformed(m.0))?;
+        // The caller sees a sized body's end with its last piece.
+        if matches!(decoded, Decoded::Data(_)) && self.framing == Framing::Length(0) {
+            self.done = true;
         }
+        Ok(decoded)
     }
-}
-
-/// What `read` holds of the `left` bytes still to come, taken out of it (`left` counted down).
-fn take_up_to(read: &mut BytesMut, left: &mut u64) -> Bytes {
-    let taken = read.len().min(usize::try_from(*left).unwrap_or(usize::MAX));
-    *left -= taken as u64;
-    read.split_to(taken).freeze()
-}
-
-/// The next piece of a chunked body in `read` (RFC 9112 §7.1).
-fn decode_chunked(chunk: &mut Chunk, read: &mut BytesMut) -> Result<Decoded, Http1Error> {
-    loop {
-        match chunk {
-            Chunk::Size => {
-                let Some(end) = memchr::memchr(b'\n', read) else {
-                    if read.len() > CHUNK_LINE_LIMIT {
-                        return Err(Http1Error::Malformed("a chunk-size line is too long"));
-                    }
-                    return Ok(Decoded::NeedMore);
-                };
-                let size = chunk_size(&read[..=end])?;
-                read.advance(end + 1);
-                *chunk = match size {
-                    0 => Chunk::Trailers(0),
-                    size => Chunk::Data(size),
-                };
-            }
-            Chunk::Data(left) => {
-                if read.is_empty() {
-                    return Ok(Decoded::NeedMore);
-                }
-                let data = take_up_to(read, left);
-                if *left == 0 {
-                    *chunk = Chunk::DataEnd;
-                }
-                return Ok(Decoded::Data(data));
-            }
-            Chunk::DataEnd => {
-                if read.len() < 2 {
-                    return Ok(Decoded::NeedMore);
-                }
-                if &read[..2] != b"\r\n" {
-                    return Err(Http1Error::Malformed("a chunk does not end with CRLF"));
-                }
-                read.advance(2);
-                *chunk = Chunk::Size;
-            }
-            Chunk::Trailers(seen) => {
-                let Some(end) = memchr::memchr(b'\n', read) else {
-                    if *seen + read.len() > TRAILERS_LIMIT {
-                        return Err(Http1Error::Malformed("its trailers are too large"));
-                    }
-                    return Ok(Decoded::NeedMore);
-                };
-                let line = &read[..end];
-                let blank = line.is_empty() || line == b"\r";
-                *seen += end + 1;
-                read.advance(end + 1);
-                if blank {
-                    return Ok(Decoded::End);
-                }
-                if *seen > TRAILERS_LIMIT {
-                    return Err(Http1Error::Malformed("its trailers are too large"));
-                }
-            }
-        }
-    }
-}
-
-/// A chunk-size line's size: hex digits, then optional extensions after `;`, ending in CRLF.
-fn chunk_size(line: &[u8]) -> Result<u64, Http1Error> {
-    let bad = || Http1Error::Malformed("a chunk-size line does not parse");
-    let line = line.strip_suffix(b"\r\n").ok_or(Http1Error::Malformed(
-        "a chunk-size line does not end with CRLF",
-    ))?;
-    let digits = line
-        .iter()
-        .position(|b| !b.is_ascii_hexdigit())
-        .unwrap_or(line.len());
-    if digits == 0 || digits > 16 {
-        return Err(bad());
-    }
-    let rest = line[digits..].trim_ascii_start();
-    if !(rest.is_empty() || rest.starts_with(b";")) {
-        return Err(bad());
-    }
-    let text = std::str::from_utf8(&line[..digits]).map_err(|_| bad())?;
-    u64::from_str_radix(text, 16).map_err(|_| bad())
-}
-
-/// The answer's `Content-Length`: repeated values (as lists or headers) must agree.
-fn content_length(headers: &HeaderMap) -> Result<u64, Http1Error> {
-    let mut length = None;
-    for part in list_items(headers, CONTENT_LENGTH) {
-        if part.is_empty() || !part.iter().all(u8::is_ascii_digit) {
-            return Err(Http1Error::Malformed("its Content-Length"));
-        }
-        let parsed: u64 = std::str::from_utf8(part)
-            .ok()
-            .and_then(|p| p.parse().ok())
-            .ok_or(Http1Error::Malformed("its Content-Length"))?;
-        if length.is_some_and(|l| l != parsed) {
-            return Err(Http1Error::Malformed("its Content-Length values differ"));
-        }
-        length = Some(parsed);
-    }
-    length.ok_or(Http1Error::Malformed("its Content-Length"))
-}
-
-/// The items of a comma-separated header over all its lines, trimmed (empty ones included).
-fn list_items(headers: &HeaderMap, name: HeaderName) -> impl DoubleEndedIterator<Item = &[u8]> {
-    headers
-        .get_all(name)
-        .into_iter()
-        .flat_map(|value| value.as_bytes().split(|b| *b == b','))
-        .map(<[u8]>::trim_ascii)
-}
-
-/// Whether a comma-separated header such as `Connection` lists `token`.
-fn has_token(headers: &HeaderMap, name: HeaderName, token: &str) -> bool {
-    list_items(headers, name).any(|t| t.eq_ignore_ascii_case(token.as_bytes()))
 }
 
 /// The request line and headers, ending with the body's length and the blank line.
@@ -511,6 +337,7 @@ fn encode_head(method: &Method, target: &str, headers: &HeaderMap, body_len: usi
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::{HeaderName, HeaderValue};
 
     /// Decodes `wire` (a body as framed by `head`) fed `step` bytes at a time.
     fn decode_all(head: &str, wire: &[u8], step: usize) -> Result<(Vec<u8>, bool), Http1Error> {
