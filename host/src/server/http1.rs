@@ -32,7 +32,7 @@ use http::header::{CONNECTION, CONTENT_LENGTH, DATE, EXPECT, TRANSFER_ENCODING};
 use http::{HeaderMap, Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body as _;
 use switchyard_http1::{Decoded, Framing, HeadCopy, content_length, has_token, list_items};
-use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
@@ -67,9 +67,9 @@ const COPY_LIMIT: usize = 4 * 1024;
 const LINGER_BYTES: usize = 1 << 20;
 const LINGER_TIME: Duration = Duration::from_secs(2);
 
-/// An idle connection's read buffer is dropped past this size, so that one large request does not
-/// make it hold the memory until its next.
-const IDLE_BUFFER_LIMIT: usize = 2 * READ_MIN;
+/// An idle connection keeps no read buffer, and a write buffer only up to this size: 10,000
+/// keep-alive clients between requests held 8 KiB each of read buffer otherwise.
+const IDLE_WRITE_BUFFER: usize = 4 * 1024;
 
 /// Serves the HTTP/1 requests of one client connection until it closes, its header deadline
 /// passes, or (between requests) `draining` completes. The first head must arrive by
@@ -105,9 +105,7 @@ pub(super) async fn serve(
         };
         match connection.exchange(head, peer, app, drain).await {
             Next::KeepAlive => {
-                if connection.read.is_empty() && connection.read.capacity() > IDLE_BUFFER_LIMIT {
-                    connection.read = BytesMut::new();
-                }
+                connection.idle();
                 deadline
                     .as_mut()
                     .reset(Instant::now() + header_read_timeout);
@@ -189,8 +187,21 @@ impl ClientConnection {
                         message: "the request head is larger than 64 KiB",
                     }));
                 }
-                self.read.reserve(READ_MIN);
-                match poll_read(&mut self.stream, &mut self.read, cx) {
+                // A connection without a buffer (idle) takes one only once the client sends.
+                let readable = if self.read.capacity() == 0 {
+                    self.stream.poll_read_ready(cx)
+                } else {
+                    Poll::Ready(Ok(()))
+                };
+                let read = match readable {
+                    Poll::Ready(Ok(())) => {
+                        self.read.reserve(READ_MIN);
+                        poll_read(&mut self.stream, &mut self.read, cx)
+                    }
+                    Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+                    Poll::Pending => Poll::Pending,
+                };
+                match read {
                     Poll::Ready(Ok(0) | Err(_)) => return Poll::Ready(Ok(None)),
                     Poll::Ready(Ok(_)) => match self.parse_head() {
                         Ok(Some(head)) => return Poll::Ready(Ok(Some(head))),
@@ -402,16 +413,31 @@ impl ClientConnection {
 
     /// Ready when the client has closed the connection (or it broke). What it sends meanwhile
     /// (a pipelined request) is kept for later, up to [`READ_AHEAD_LIMIT`].
+    ///
+    /// It reads into a small buffer of its own, so that a connection whose answer is a long
+    /// stream does not hold a read buffer for it.
     fn poll_client_gone(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let mut buffer = [MaybeUninit::<u8>::uninit(); 1024];
         loop {
             if self.read.len() >= READ_AHEAD_LIMIT {
                 return Poll::Pending;
             }
-            self.read.reserve(READ_MIN);
-            match ready!(poll_read(&mut self.stream, &mut self.read, cx)) {
-                Ok(0) | Err(_) => return Poll::Ready(()),
-                Ok(_) => {}
+            let mut watched = tokio::io::ReadBuf::uninit(&mut buffer);
+            match ready!(Pin::new(&mut self.stream).poll_read(cx, &mut watched)) {
+                Err(_) => return Poll::Ready(()),
+                Ok(()) if watched.filled().is_empty() => return Poll::Ready(()),
+                Ok(()) => self.read.extend_from_slice(watched.filled()),
             }
+        }
+    }
+
+    /// Lets go of the buffers an idle connection does not need (see [`IDLE_WRITE_BUFFER`]).
+    fn idle(&mut self) {
+        if self.read.is_empty() {
+            self.read = BytesMut::new();
+        }
+        if self.out.staged.capacity() > IDLE_WRITE_BUFFER {
+            self.out = Outgoing::default();
         }
     }
 
@@ -454,7 +480,7 @@ impl ClientConnection {
         out.clear();
         out.head(status);
         for (name, value) in &parts.headers {
-            if name == TRANSFER_ENCODING || (name == CONNECTION && !keep_alive) {
+            if name == TRANSFER_ENCODING || name == CONNECTION {
                 continue;
             }
             out.header(name.as_str(), value.as_bytes());
@@ -571,6 +597,8 @@ impl ClientConnection {
                     if !self.out.is_empty() {
                         return Poll::Ready(Batch::More);
                     }
+                    // Waiting on a stream's next piece: idle as far as buffers go.
+                    self.idle();
                     if self.poll_client_gone(cx).is_ready() {
                         return Poll::Ready(Batch::ClientGone);
                     }
