@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{AUTHORIZATION, CONTENT_TYPE, HOST, HeaderName, HeaderValue, RETRY_AFTER};
-use http::{Method, Request, Uri};
+use http::{HeaderMap, Method, Request, Uri};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -26,6 +26,7 @@ use crate::config::{StreamDeadlines, UpstreamClientConfig};
 use crate::id_map::IdMap;
 
 use super::AttemptError;
+use super::http1::RequestHead;
 use super::pool::{Http1Pools, PooledBody};
 
 /// Bytes of an upstream error body kept for the attempt record.
@@ -158,7 +159,7 @@ struct PlainTarget {
     /// The pool's key: `host:port`.
     origin: Arc<str>,
     /// The request line's origin form (`/path?query`).
-    path: Uri,
+    path: Box<str>,
 }
 
 impl UpstreamClient {
@@ -220,41 +221,42 @@ impl UpstreamClient {
             Transport::Direct { plain, .. } => target.plain.as_ref().map(|p| (plain, p)),
             Transport::Proxied(_) => None,
         };
-        // Headers go straight into the request's map: `http::request::Builder` moved the whole
-        // request on every `.header()` and checked each name and value again (~1,300
-        // instructions a request, callgrind).
-        let mut request = Request::new(Bytes::from(body));
-        *request.method_mut() = Method::POST;
-        request.headers_mut().reserve(6);
-        match plain {
-            Some((_, p)) => {
-                *request.uri_mut() = p.path.clone();
-                request.headers_mut().insert(HOST, p.host.clone());
-            }
-            None => *request.uri_mut() = target.uri.clone(),
+        let mut outgoing = match plain {
+            Some((pools, plain)) => Outgoing::Plain {
+                pools,
+                plain,
+                head: RequestHead::new(&Method::POST, &plain.path),
+            },
+            None => Outgoing::Other(HeaderMap::with_capacity(6)),
+        };
+        if let Outgoing::Plain { plain, .. } = &outgoing {
+            let host = plain.host.clone();
+            outgoing.header(&HOST, &[host.as_bytes()], false)?;
         }
-        let headers = request.headers_mut();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        outgoing.header(&CONTENT_TYPE, &[b"application/json"], false)?;
         // The upstream's logs can then be joined with ours.
-        if let Some(value) =
-            crate::telemetry::request_id::current().and_then(|id| id.header_value())
-        {
-            headers.insert(crate::telemetry::request_id::HEADER, value);
+        if let Some(id) = crate::telemetry::request_id::current() {
+            outgoing.header(
+                &crate::telemetry::request_id::HEADER,
+                &[id.as_str().as_bytes()],
+                false,
+            )?;
         }
         for (name, value) in trace.into_iter().flat_map(|t| t.iter()) {
-            headers.append(name, value);
+            outgoing.header(&name, &[value.as_bytes()], false)?;
         }
         match auth {
             UpstreamAuth::Bearer(Some(key)) => {
-                headers.insert(AUTHORIZATION, secret_header(&["Bearer ", key].concat())?);
+                outgoing.header(&AUTHORIZATION, &[b"Bearer ", key.as_bytes()], true)?;
             }
             UpstreamAuth::Anthropic(key) => {
-                headers.insert(
-                    ANTHROPIC_VERSION_HEADER,
-                    HeaderValue::from_static(ANTHROPIC_VERSION),
-                );
+                outgoing.header(
+                    &ANTHROPIC_VERSION_HEADER,
+                    &[ANTHROPIC_VERSION.as_bytes()],
+                    false,
+                )?;
                 if let Some(key) = key {
-                    headers.insert(X_API_KEY, secret_header(key)?);
+                    outgoing.header(&X_API_KEY, &[key.as_bytes()], true)?;
                 }
             }
             UpstreamAuth::Bearer(None) => {}
@@ -262,15 +264,21 @@ impl UpstreamClient {
         if let Some(basic) = &target.basic_auth
             && !matches!(auth, UpstreamAuth::Bearer(Some(_)))
         {
-            headers.insert(AUTHORIZATION, basic.clone());
+            outgoing.header(&AUTHORIZATION, &[basic.as_bytes()], true)?;
         }
         let sent = async {
-            match plain {
-                Some((pools, p)) => pools
-                    .send(&p.origin, &target.uri, &request)
+            match outgoing {
+                Outgoing::Plain { pools, plain, head } => pools
+                    .send(&plain.origin, &target.uri, &head.finish(body.len()), &body)
                     .await
                     .map(|r| r.map(UpstreamBody::Pooled)),
-                None => self.send(transport, request).await,
+                Outgoing::Other(headers) => {
+                    let mut request = Request::new(Bytes::from(body));
+                    *request.method_mut() = Method::POST;
+                    *request.uri_mut() = target.uri.clone();
+                    *request.headers_mut() = headers;
+                    self.send(transport, request).await
+                }
             }
         };
         let response = tokio::time::timeout(self.first_byte_timeout, sent)
@@ -370,7 +378,7 @@ fn target(url: &str) -> Option<Target> {
             Some(PlainTarget {
                 host: HeaderValue::from_str(if port == 80 { host } else { &origin }).ok()?,
                 origin: Arc::from(origin),
-                path: Uri::try_from(path).ok()?,
+                path: Box::from(path),
             })
         })
         .flatten();
@@ -381,14 +389,45 @@ fn target(url: &str) -> Option<Target> {
     })
 }
 
-/// A credential as a header value, marked sensitive (left out of the HTTP stack's debug output).
-/// A key with bytes a header cannot carry fails the attempt without quoting the key.
-fn secret_header(value: &str) -> Result<HeaderValue, AttemptError> {
-    let mut header = HeaderValue::from_str(value).map_err(|_| {
-        AttemptError::Transport("the upstream credential is not a valid header value".into())
-    })?;
-    header.set_sensitive(true);
-    Ok(header)
+/// An upstream request's headers as they are gathered: written straight into the head for a
+/// plain-`http` upstream, into a map for hyper's client and reqwest.
+enum Outgoing<'a> {
+    Plain {
+        pools: &'a Http1Pools,
+        plain: &'a PlainTarget,
+        head: RequestHead,
+    },
+    Other(HeaderMap),
+}
+
+impl Outgoing<'_> {
+    /// Adds the header `name` with `pieces` as its value. A `secret` (a credential) is left out
+    /// of the HTTP stack's debug output, and one with bytes a header cannot carry fails the
+    /// attempt without being quoted.
+    fn header(
+        &mut self,
+        name: &HeaderName,
+        pieces: &[&[u8]],
+        secret: bool,
+    ) -> Result<(), AttemptError> {
+        let invalid = || {
+            let what = if secret {
+                "the upstream credential"
+            } else {
+                "an upstream request header"
+            };
+            AttemptError::Transport(format!("{what} is not a valid header value"))
+        };
+        match self {
+            Outgoing::Plain { head, .. } => head.header(name, pieces).map_err(|_| invalid()),
+            Outgoing::Other(headers) => {
+                let mut value = HeaderValue::from_bytes(&pieces.concat()).map_err(|_| invalid())?;
+                value.set_sensitive(secret);
+                headers.append(name.clone(), value);
+                Ok(())
+            }
+        }
+    }
 }
 
 /// Whether the environment names a proxy (the variables reqwest reads, either case).
@@ -607,8 +646,18 @@ mod tests {
 
     #[test]
     fn credentials_that_a_header_cannot_carry_fail_without_quoting_them() {
-        let e = secret_header("sk-line\nbreak").unwrap_err();
+        let mut outgoing = Outgoing::Other(HeaderMap::new());
+        let e = outgoing
+            .header(&AUTHORIZATION, &[b"Bearer ", b"sk-line\nbreak"], true)
+            .unwrap_err();
         assert!(!e.to_string().contains("sk-line"), "{e}");
-        assert!(secret_header("sk-fine").unwrap().is_sensitive());
+        outgoing
+            .header(&AUTHORIZATION, &[b"Bearer ", b"sk-fine"], true)
+            .unwrap();
+        let Outgoing::Other(headers) = outgoing else {
+            unreachable!()
+        };
+        assert_eq!(headers[AUTHORIZATION], "Bearer sk-fine");
+        assert!(headers[AUTHORIZATION].is_sensitive());
     }
 }

@@ -15,7 +15,7 @@ use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
-use http::{HeaderMap, Method, Response, StatusCode, Version};
+use http::{HeaderMap, HeaderName, Method, Response, StatusCode, Version};
 use switchyard_http1::{Decoded, Framing, HeadCopy, content_length, has_token, list_items};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -90,18 +90,15 @@ impl Connection {
         }
     }
 
-    /// Writes a request: its line, `headers`, the body's `Content-Length`, and the body. Returns
-    /// whether any of it was written when it fails (a request not written at all may go out again
-    /// on another connection).
+    /// Writes a request: its head (see [`RequestHead`]) and its body. Returns whether any of it
+    /// was written when it fails (a request not written at all may go out again on another
+    /// connection).
     pub(super) async fn write_request(
         &mut self,
-        method: &Method,
-        target: &str,
-        headers: &HeaderMap,
+        head: &[u8],
         body: &[u8],
     ) -> Result<(), (Http1Error, bool)> {
-        let head = encode_head(method, target, headers, body.len());
-        let (mut head, mut body) = (&head[..], body);
+        let (mut head, mut body) = (head, body);
         let mut written_any = false;
         while !head.is_empty() || !body.is_empty() {
             let written = if head.is_empty() {
@@ -309,29 +306,53 @@ impl BodyReader {
     }
 }
 
-/// The request line and headers, ending with the body's length and the blank line.
-fn encode_head(method: &Method, target: &str, headers: &HeaderMap, body_len: usize) -> Vec<u8> {
-    let size = headers
-        .iter()
-        .map(|(name, value)| name.as_str().len() + value.len() + 4)
-        .sum::<usize>()
-        + target.len()
-        + 64;
-    let mut head = Vec::with_capacity(size);
-    head.extend_from_slice(method.as_str().as_bytes());
-    head.push(b' ');
-    head.extend_from_slice(target.as_bytes());
-    head.extend_from_slice(b" HTTP/1.1\r\n");
-    for (name, value) in headers {
-        head.extend_from_slice(name.as_str().as_bytes());
-        head.extend_from_slice(b": ");
-        head.extend_from_slice(value.as_bytes());
-        head.extend_from_slice(b"\r\n");
+/// A request's head as it is written: its line, then each header as it is given, then the body's
+/// length. The gateway's headers go straight into it, with no map between (a `HeaderMap`'s
+/// hashing and each value's allocation cost ~1,000 instructions a request, only to be written out).
+pub(super) struct RequestHead(Vec<u8>);
+
+/// A header value with bytes a header cannot carry (control characters, line breaks).
+#[derive(Debug)]
+pub(super) struct InvalidHeaderValue;
+
+impl RequestHead {
+    pub(super) fn new(method: &Method, target: &str) -> Self {
+        let mut head = Vec::with_capacity(256 + target.len());
+        head.extend_from_slice(method.as_str().as_bytes());
+        head.push(b' ');
+        head.extend_from_slice(target.as_bytes());
+        head.extend_from_slice(b" HTTP/1.1\r\n");
+        Self(head)
     }
-    head.extend_from_slice(b"content-length: ");
-    head.extend_from_slice(itoa::Buffer::new().format(body_len).as_bytes());
-    head.extend_from_slice(b"\r\n\r\n");
-    head
+
+    /// Adds a header whose value is `pieces` one after another.
+    pub(super) fn header(
+        &mut self,
+        name: &HeaderName,
+        pieces: &[&[u8]],
+    ) -> Result<(), InvalidHeaderValue> {
+        // What `HeaderValue::from_bytes` accepts.
+        let valid = |b: &u8| *b == b'\t' || (*b >= 0x20 && *b != 0x7f);
+        if !pieces.iter().all(|piece| piece.iter().all(valid)) {
+            return Err(InvalidHeaderValue);
+        }
+        self.0.extend_from_slice(name.as_str().as_bytes());
+        self.0.extend_from_slice(b": ");
+        for piece in pieces {
+            self.0.extend_from_slice(piece);
+        }
+        self.0.extend_from_slice(b"\r\n");
+        Ok(())
+    }
+
+    /// The head, ended by the body's `Content-Length` and the blank line.
+    pub(super) fn finish(mut self, body_len: usize) -> Vec<u8> {
+        self.0.extend_from_slice(b"content-length: ");
+        self.0
+            .extend_from_slice(itoa::Buffer::new().format(body_len).as_bytes());
+        self.0.extend_from_slice(b"\r\n\r\n");
+        self.0
+    }
 }
 
 #[cfg(test)]
@@ -481,20 +502,21 @@ mod tests {
 
     #[test]
     fn the_request_head_names_its_length_after_the_given_headers() {
-        let mut headers = HeaderMap::new();
-        headers.insert(
-            http::header::HOST,
-            HeaderValue::from_static("10.0.0.7:8000"),
-        );
-        headers.insert(
-            http::header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        let head = encode_head(&Method::POST, "/v1/chat/completions?x=1", &headers, 1234);
+        let mut head = RequestHead::new(&Method::POST, "/v1/chat/completions?x=1");
+        head.header(&http::header::HOST, &[b"10.0.0.7:8000"])
+            .unwrap();
+        head.header(&http::header::AUTHORIZATION, &[b"Bearer ", b"sk-1"])
+            .unwrap();
         assert_eq!(
-            String::from_utf8(head).unwrap(),
+            String::from_utf8(head.finish(1234)).unwrap(),
             "POST /v1/chat/completions?x=1 HTTP/1.1\r\nhost: 10.0.0.7:8000\r\n\
-             content-type: application/json\r\ncontent-length: 1234\r\n\r\n"
+             authorization: Bearer sk-1\r\ncontent-length: 1234\r\n\r\n"
         );
+        let mut head = RequestHead::new(&Method::POST, "/");
+        for bad in [&b"a\r\nx-injected: 1"[..], b"nul\0", b"del\x7f"] {
+            assert!(head.header(&http::header::AUTHORIZATION, &[bad]).is_err());
+        }
+        head.header(&http::header::USER_AGENT, &[b"tab\tand \xc3\xa9"])
+            .unwrap();
     }
 }

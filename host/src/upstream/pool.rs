@@ -23,7 +23,7 @@ use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{Request, Response};
+use http::Response;
 use http_body::{Body, Frame, SizeHint};
 use hyper_util::client::legacy::connect::HttpConnector;
 use parking_lot::Mutex;
@@ -86,25 +86,23 @@ impl Http1Pools {
         pools
     }
 
-    /// Sends `request` (origin-form URI, `Host` set) to `origin` (`host:port`), whose connections
-    /// are opened to `uri`, on an idle connection or a new one, and reads the answer's head.
+    /// Sends a request (`head` from [`super::http1::RequestHead`], naming its `Host`, and `body`)
+    /// to `origin` (`host:port`), whose connections are opened to `uri`, on an idle connection or
+    /// a new one, and reads the answer's head.
     pub(super) async fn send(
         &self,
         origin: &str,
         uri: &http::Uri,
-        request: &Request<Bytes>,
+        head: &[u8],
+        body: &[u8],
     ) -> Result<Response<PooledBody>, AttemptError> {
         let origin = self.origin(origin);
-        let target = request.uri().path_and_query().map_or("/", |p| p.as_str());
         loop {
             let (mut connection, reused) = match take_idle(&origin) {
                 Some(connection) => (connection, true),
                 None => (self.connect(uri).await?, false),
             };
-            match connection
-                .write_request(request.method(), target, request.headers(), request.body())
-                .await
-            {
+            match connection.write_request(head, body).await {
                 Ok(()) => {}
                 // Not written: the reused connection closed before it could be. Another one
                 // (in the end a new one, which is not retried) takes it.
@@ -272,6 +270,7 @@ mod tests {
     use tokio::net::{TcpListener, TcpStream};
 
     use super::*;
+    use crate::upstream::http1::RequestHead;
 
     /// How the test upstream treats a connection after its first answer.
     #[derive(Clone, Copy)]
@@ -380,11 +379,13 @@ mod tests {
         let uri: http::Uri = format!("http://{origin}/v1/chat/completions")
             .parse()
             .unwrap();
-        let request = Request::post("/v1/chat/completions")
-            .header(http::header::HOST, &origin)
-            .body(Bytes::from_static(b"{\"model\":\"m\"}"))
+        let mut head = RequestHead::new(&http::Method::POST, "/v1/chat/completions");
+        head.header(&http::header::HOST, &[origin.as_bytes()])
             .unwrap();
-        pools.send(&origin, &uri, &request).await
+        let body = b"{\"model\":\"m\"}";
+        pools
+            .send(&origin, &uri, &head.finish(body.len()), body)
+            .await
     }
 
     async fn read_all(response: Response<PooledBody>) -> usize {
