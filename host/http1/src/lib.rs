@@ -227,6 +227,13 @@ impl HeadCopy {
 
 /// The message's `Content-Length`: repeated values (as lists or headers) must agree.
 pub fn content_length(headers: &HeaderMap) -> Result<u64, Malformed> {
+    // Nearly always one value of plain digits.
+    let mut values = headers.get_all(CONTENT_LENGTH).iter();
+    if let (Some(only), None) = (values.next(), values.next())
+        && let Some(length) = digits(only.as_bytes())
+    {
+        return Ok(length);
+    }
     let mut length = None;
     for part in list_items(headers, CONTENT_LENGTH) {
         if part.is_empty() || !part.iter().all(u8::is_ascii_digit) {
@@ -242,6 +249,18 @@ pub fn content_length(headers: &HeaderMap) -> Result<u64, Malformed> {
         length = Some(parsed);
     }
     length.ok_or(Malformed("its Content-Length"))
+}
+
+/// `text` as a decimal number: digits only, without overflow.
+fn digits(text: &[u8]) -> Option<u64> {
+    if text.is_empty() {
+        return None;
+    }
+    text.iter().try_fold(0u64, |n, b| {
+        b.is_ascii_digit()
+            .then(|| n.checked_mul(10)?.checked_add(u64::from(b - b'0')))
+            .flatten()
+    })
 }
 
 /// The items of a comma-separated header over all its lines, trimmed (empty ones included).
@@ -336,6 +355,10 @@ mod tests {
             content_length(&headers)
         };
         assert_eq!(length(&["2, 2"]), Ok(2));
+        assert_eq!(length(&["1234"]), Ok(1234));
+        assert_eq!(length(&["18446744073709551615"]), Ok(u64::MAX));
+        assert!(length(&["18446744073709551616"]).is_err());
+        assert!(length(&["+5"]).is_err());
         assert_eq!(length(&["7", "7"]), Ok(7));
         assert!(length(&["5", "6"]).unwrap_err().0.contains("differ"));
         assert!(length(&["-1"]).is_err());
