@@ -272,9 +272,19 @@ pub fn list_items(headers: &HeaderMap, name: HeaderName) -> impl DoubleEndedIter
         .map(<[u8]>::trim_ascii)
 }
 
-/// Whether a comma-separated header such as `Connection` lists `token`.
+/// Whether a comma-separated header such as `Connection` lists `token` in any of its lines.
 pub fn has_token(headers: &HeaderMap, name: HeaderName, token: &str) -> bool {
-    list_items(headers, name).any(|t| t.eq_ignore_ascii_case(token.as_bytes()))
+    headers
+        .get_all(name)
+        .iter()
+        .any(|value| lists_token(value.as_bytes(), token))
+}
+
+/// Whether one line of a comma-separated header lists `token` (trimmed, in any case).
+pub fn lists_token(value: &[u8], token: &str) -> bool {
+    value
+        .split(|b| *b == b',')
+        .any(|item| item.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
 }
 
 #[cfg(test)]

@@ -31,7 +31,7 @@ use futures::channel::mpsc;
 use http::header::{CONNECTION, CONTENT_LENGTH, DATE, EXPECT, TRANSFER_ENCODING};
 use http::{HeaderMap, Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body as _;
-use switchyard_http1::{Decoded, Framing, HeadCopy, content_length, has_token, list_items};
+use switchyard_http1::{Decoded, Framing, HeadCopy, content_length, list_items, lists_token};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
@@ -72,14 +72,13 @@ const LINGER_TIME: Duration = Duration::from_secs(2);
 const IDLE_WRITE_BUFFER: usize = 4 * 1024;
 
 /// Serves the HTTP/1 requests of one client connection until it closes, its header deadline
-/// passes, or (between requests) `draining` completes. The first head must arrive by
+/// passes, or (between requests) the drain begins. The first head must arrive by
 /// `first_deadline`; each later one within `header_read_timeout` of the previous answer.
 pub(super) async fn serve(
     stream: TcpStream,
     peer: SocketAddr,
     app: &Edge,
     drain: &Drain,
-    draining: impl Future<Output = ()>,
     first_deadline: Instant,
     header_read_timeout: Duration,
 ) {
@@ -89,7 +88,7 @@ pub(super) async fn serve(
         out: Outgoing::default(),
     };
     let mut deadline = pin!(tokio::time::sleep_until(first_deadline));
-    let mut draining = pin!(draining);
+    let mut draining = pin!(drain.draining());
     loop {
         let head = match connection
             .read_head(deadline.as_mut(), draining.as_mut())
@@ -339,13 +338,10 @@ impl ClientConnection {
                         pump = None;
                         body_read = true;
                     }
-                    Poll::Ready(Pumped::NotWanted) => {
-                        // The handler stopped reading (a body over the limit): what is left of it
-                        // is not read, and the connection ends after the answer.
-                        pump = None;
-                        body_broken = true;
-                    }
-                    Poll::Ready(Pumped::Broken) => {
+                    Poll::Ready(Pumped::NotWanted | Pumped::Broken) => {
+                        // The handler stopped reading (a body over the limit) or the body does
+                        // not parse: what is left of it is not read, and the connection ends
+                        // after the answer.
                         pump = None;
                         body_broken = true;
                     }
@@ -470,15 +466,18 @@ impl ClientConnection {
             keep_alive = false;
             AnswerFraming::UntilClose
         };
-        if has_token(&parts.headers, CONNECTION, "close") {
-            keep_alive = false;
-        }
 
         let out = &mut self.out;
         out.clear();
         out.head(status);
         for (name, value) in &parts.headers {
-            if name == TRANSFER_ENCODING || name == CONNECTION {
+            // The handler's `Connection: close` is kept; what this writes of the connection and
+            // the body's framing is its own.
+            if name == CONNECTION {
+                keep_alive &= !lists_token(value.as_bytes(), "close");
+                continue;
+            }
+            if name == TRANSFER_ENCODING {
                 continue;
             }
             out.header(name.as_str(), value.as_bytes());
@@ -625,22 +624,18 @@ impl ClientConnection {
 
     /// Answers a request that cannot be served (the connection closes after).
     async fn reject(mut self, rejection: &Rejection) {
-        let body = format!(
-            r#"{{"error":{{"message":"{}","type":"invalid_request_error","code":"malformed_request"}}}}"#,
-            rejection.message
+        let body = serde_json::json!({"error": {
+            "message": rejection.message,
+            "type": "invalid_request_error",
+            "code": "malformed_request",
+        }});
+        let mut answer = Response::new(Body::from(body.to_string()));
+        *answer.status_mut() = rejection.status;
+        answer.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
         );
-        self.out.clear();
-        self.out.head(rejection.status);
-        self.out.header("content-type", b"application/json");
-        self.out.header(
-            "content-length",
-            itoa::Buffer::new().format(body.len()).as_bytes(),
-        );
-        with_http_date(|date| self.out.header("date", date));
-        self.out.header("connection", b"close");
-        self.out.staged.extend_from_slice(b"\r\n");
-        self.out.staged.extend_from_slice(body.as_bytes());
-        if self.flush().await.is_ok() {
+        if let Next::Close { .. } = self.respond(answer, false, Version::HTTP_11, false).await {
             self.close(true).await;
         }
     }
@@ -822,11 +817,8 @@ impl HeadFacts {
             } else if name == TRANSFER_ENCODING {
                 facts.transfer_encoding = true;
             } else if name == CONNECTION {
-                for token in value.as_bytes().split(|b| *b == b',') {
-                    let token = token.trim_ascii();
-                    facts.close |= token.eq_ignore_ascii_case(b"close");
-                    facts.keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
-                }
+                facts.close |= lists_token(value.as_bytes(), "close");
+                facts.keep_alive |= lists_token(value.as_bytes(), "keep-alive");
             } else if name == EXPECT {
                 facts.expects_continue |= value.as_bytes().eq_ignore_ascii_case(b"100-continue");
             }
@@ -971,7 +963,6 @@ mod tests {
                         peer,
                         &edge,
                         &drain,
-                        std::future::pending(),
                         Instant::now() + header_read_timeout,
                         header_read_timeout,
                     )

@@ -102,6 +102,11 @@ impl Drain {
         self.reached(Phase::Closing)
     }
 
+    /// Completes when draining has begun (at once if it has), never if it does not.
+    pub fn draining(&self) -> impl Future<Output = ()> + Send + 'static {
+        self.reached(Phase::Draining)
+    }
+
     fn reached(&self, phase: Phase) -> impl Future<Output = ()> + Send + 'static {
         let mut rx = self.phase.subscribe();
         async move {
@@ -441,26 +446,16 @@ async fn serve_connection(
     // A connection open when draining begins stops taking requests after its current one. One
     // accepted later is served once: its HTTP/1 answer carries `connection: close` (hyper would
     // drop an HTTP/2 one before reading its request, so it is not told).
-    let draining = drain.reached(Phase::Draining);
     let drained_already = drain.is_draining();
     match opening(&tcp, deadline).await {
         Opening::Nothing => {}
         Opening::Http1 => {
-            super::http1::serve(
-                tcp,
-                peer,
-                &app,
-                &drain,
-                draining,
-                deadline,
-                header_read_timeout,
-            )
-            .await;
+            super::http1::serve(tcp, peer, &app, &drain, deadline, header_read_timeout).await;
         }
         Opening::Http2 if drained_already => {
             serve_http2(http2, tcp, peer, app, std::future::pending()).await;
         }
-        Opening::Http2 => serve_http2(http2, tcp, peer, app, draining).await,
+        Opening::Http2 => serve_http2(http2, tcp, peer, app, drain.draining()).await,
     }
 }
 

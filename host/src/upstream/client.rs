@@ -222,17 +222,17 @@ impl UpstreamClient {
             Transport::Proxied(_) => None,
         };
         let mut outgoing = match plain {
-            Some((pools, plain)) => Outgoing::Plain {
-                pools,
-                plain,
-                head: RequestHead::new(&Method::POST, &plain.path),
-            },
+            Some((pools, plain)) => {
+                let mut outgoing = Outgoing::Plain {
+                    pools,
+                    plain,
+                    head: RequestHead::new(&Method::POST, &plain.path),
+                };
+                outgoing.header(&HOST, &[plain.host.as_bytes()], false)?;
+                outgoing
+            }
             None => Outgoing::Other(HeaderMap::with_capacity(6)),
         };
-        if let Outgoing::Plain { plain, .. } = &outgoing {
-            let host = plain.host.clone();
-            outgoing.header(&HOST, &[host.as_bytes()], false)?;
-        }
         outgoing.header(&CONTENT_TYPE, &[b"application/json"], false)?;
         // The upstream's logs can then be joined with ours.
         if let Some(id) = crate::telemetry::request_id::current() {
@@ -421,7 +421,11 @@ impl Outgoing<'_> {
         match self {
             Outgoing::Plain { head, .. } => head.header(name, pieces).map_err(|_| invalid()),
             Outgoing::Other(headers) => {
-                let mut value = HeaderValue::from_bytes(&pieces.concat()).map_err(|_| invalid())?;
+                let value = match pieces {
+                    [one] => HeaderValue::from_bytes(one),
+                    _ => HeaderValue::from_bytes(&pieces.concat()),
+                };
+                let mut value = value.map_err(|_| invalid())?;
                 value.set_sensitive(secret);
                 headers.append(name.clone(), value);
                 Ok(())

@@ -285,11 +285,10 @@ impl BodyReader {
 
     /// The bytes of the body still to come, when known.
     pub(super) fn remaining(&self) -> Option<u64> {
-        match self.framing {
-            _ if self.done => Some(0),
-            Framing::Length(left) => Some(left),
-            _ => None,
+        if self.done {
+            return Some(0);
         }
+        self.framing.remaining()
     }
 
     /// The next piece of the body in `read`, taking it out.
