@@ -6,9 +6,11 @@ every build alike. For a before/after of one change, e.g. a build of main and on
     python3 bench/ab.py base=PATH new=PATH [nginx=nginx] [--models fixed,routewise] [--rounds N]
                         [--seconds S] [--clients C] [--port-base N] [--threads]
 
-Prints req/s and the gateway's CPU µs per non-streaming request (from /proc/<pid>/stat) per round,
+Prints req/s, wrk's p50 and the gateway's CPU µs per non-streaming request (from /proc/<pid>/stat) per round,
 then the medians per build and model. `nginx=nginx` adds nginx (one worker, `proxy_pass` to the
-same mock, as in bench/run.py) as one more "build" in the same rounds, the issue's yardstick.
+same mock, as in bench/run.py) as one more "build" in the same rounds, the issue's yardstick;
+`direct=direct` adds the mock itself (no hop), whose p50 the others' is read against at
+`--clients 1` (issue #18's added p50).
 `--threads` also splits each one's CPU by thread name into user and system time (from
 /proc/<pid>/task/*/stat): the serving threads, the request log's SQLite thread, the main runtime. Strategies come from `$CARGO_TARGET_DIR/strategies` (else
 `target/strategies`), as in bench/run.py, whose mock, config and wrk driver it reuses; the first
@@ -64,10 +66,13 @@ def main():
     split = "--threads" in sys.argv
     procs, gateways, nginx_bin = [], {}, None
     try:
-        procs.append(run.start_mock(next(b for _, b in builds if b != "nginx"), env))
+        procs.append(run.start_mock(next(b for _, b in builds if b not in ("nginx", "direct")), env))
         run.wait_http(f"http://127.0.0.1:{port_base}/health")
         for i, (label, binary) in enumerate(builds):
             port = port_base + 1 + i
+            if binary == "direct":
+                gateways[label] = (port_base, procs[0].pid)
+                continue
             if binary == "nginx":
                 nginx_bin = shutil.which("nginx") or "/usr/sbin/nginx"
                 run.PORTS["nginx"] = port
@@ -81,11 +86,13 @@ def main():
             for label, (port, pid) in gateways.items():
                 for model in models:
                     before = thread_cpu(pid) if split else {}
+                    name = "sim" if port == port_base else f"bench-{model}"
                     out = run.wrk_cpu(f"http://127.0.0.1:{port}/v1/chat/completions",
-                                      run.body(f"bench-{model}"), clients, work, pid)
+                                      run.body(name), clients, work, pid)
                     cpu_us = out["cpu_us_per_request"]
-                    results.setdefault((label, model), []).append((out["rps"], cpu_us))
-                    print(f"round {r + 1} {label:12} {model:12} {out['rps']:9.0f} req/s  cpu {cpu_us:6.1f} us/req"
+                    results.setdefault((label, model), []).append((out["rps"], cpu_us, out["p50_ms"]))
+                    print(f"round {r + 1} {label:12} {model:12} {out['rps']:9.0f} req/s  p50 {out['p50_ms']:.3f} ms  "
+                          f"cpu {cpu_us:6.1f} us/req"
                           + (f"  ERRORS {out['errors']}" if out["errors"] else ""), flush=True)
                     if split:
                         per_request = 1e6 / max(out["requests"], 1)
@@ -98,6 +105,7 @@ def main():
         print(f"\nmedians of {rounds} rounds, {run.DURATION} s each, {clients} clients, non-streaming:")
         for (label, model), rows in results.items():
             print(f"  {label:12} {model:12} {statistics.median(r[0] for r in rows):9.0f} req/s  "
+                  f"p50 {statistics.median(r[2] for r in rows):.3f} ms  "
                   f"cpu {statistics.median(r[1] for r in rows):6.1f} us/req")
             for (t_label, t_model, name), t_rows in sorted(threads.items()):
                 if (t_label, t_model) == (label, model):
