@@ -450,11 +450,14 @@ async fn json_logs_are_one_object_per_line_with_the_request_id() {
         .await
         .unwrap();
     assert_eq!(response.status(), 200);
-    // The access line is written before the answer; give the writer a moment anyway.
+    // The access line is written once the answer is (see server/answered.rs): wait for it.
     let mut log = String::new();
     for _ in 0..100 {
         log = gw.log();
-        if log.contains("json-log-id") {
+        if log
+            .lines()
+            .any(|l| l.contains("\"served\"") && l.contains("json-log-id"))
+        {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;

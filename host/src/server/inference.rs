@@ -22,6 +22,7 @@ use crate::telemetry::metrics::{self, Operation};
 use crate::telemetry::trace::{RequestTrace, Served};
 use crate::upstream::upstream_dialect;
 
+use super::answered::AnsweredBody;
 use super::auth::{self, Principal};
 use super::budget::BudgetCharge;
 use super::rate_limit::{self, Admitted};
@@ -159,10 +160,23 @@ impl Admission {
     }
 }
 
-/// Adds the `x-ratelimit-*` headers of an admitted request to its answer.
-fn with_rate_headers(mut response: Response, limits: Option<&Admitted>) -> Response {
-    if let Some(l) = limits {
-        l.headers.apply(response.headers_mut());
+/// A whole JSON answer whose request's bookkeeping, `after`, runs once it is written (see
+/// [`AnsweredBody`]), in the request's span: its access line names the request.
+fn answered(
+    body: bytes::Bytes,
+    rate_headers: Option<rate_limit::RateHeaders>,
+    after: impl FnOnce() + Send + Unpin + 'static,
+) -> Response {
+    let span = tracing::Span::current();
+    let after = move || span.in_scope(after);
+    let mut response = Response::new(Body::new(AnsweredBody::new(body, after)));
+    let h = response.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if let Some(headers) = rate_headers {
+        headers.apply(h);
     }
     response
 }
@@ -661,39 +675,47 @@ async fn serve_chat(
             prompt_tokens,
             completion_tokens,
         }) => {
-            log_request(public, &attribution, started, strategy_error.as_deref());
             let elapsed = started.elapsed();
-            let latency_ms = elapsed.as_secs_f64() * 1000.0;
-            trace.served(&served_by(&attribution));
-            trace.usage(prompt_tokens, completion_tokens, Some(elapsed));
-            served_metrics(
-                &model,
-                Operation::Chat,
-                dialect,
-                &attribution,
-                elapsed,
-                Some(elapsed),
-                completion_tokens,
-            );
-            let row = ApiLogRow {
-                model: model.config.id.clone(),
-                status: 200,
-                // Without streaming the whole answer is the first token.
-                ttft_ms: Some(latency_ms),
-                latency_ms,
-                prompt_tokens: Some(clamp_i32(prompt_tokens)),
-                completion_tokens: Some(clamp_i32(completion_tokens)),
-                ..attributed_row(&attribution, base)
+            let rate_headers = limits.as_ref().map(|l| l.headers);
+            // What the answer's bytes do not wait for runs once they are written (see
+            // `answered`).
+            let gateway = gateway.clone();
+            let trace = trace.clone();
+            let after = move || {
+                let latency_ms = elapsed.as_secs_f64() * 1000.0;
+                log_request(
+                    &inbound.request.model,
+                    &attribution,
+                    started,
+                    strategy_error.as_deref(),
+                );
+                trace.served(&served_by(&attribution));
+                trace.usage(prompt_tokens, completion_tokens, Some(elapsed));
+                served_metrics(
+                    &model,
+                    Operation::Chat,
+                    dialect,
+                    &attribution,
+                    elapsed,
+                    Some(elapsed),
+                    completion_tokens,
+                );
+                let row = ApiLogRow {
+                    model: model.config.id.clone(),
+                    status: 200,
+                    // Without streaming the whole answer is the first token.
+                    ttft_ms: Some(latency_ms),
+                    latency_ms,
+                    prompt_tokens: Some(clamp_i32(prompt_tokens)),
+                    completion_tokens: Some(clamp_i32(completion_tokens)),
+                    ..attributed_row(&attribution, base)
+                };
+                gateway.record(with_attempts(row, &attempts));
+                if let Some(l) = limits {
+                    l.settle(prompt_tokens, completion_tokens);
+                }
             };
-            gateway.record(with_attempts(row, &attempts));
-            let response = with_rate_headers(
-                ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
-                limits.as_ref(),
-            );
-            if let Some(l) = limits {
-                l.settle(prompt_tokens, completion_tokens);
-            }
-            Ok(response)
+            Ok(answered(body, rate_headers, after))
         }
         Ok(Answer::Stream {
             events,
@@ -1051,30 +1073,35 @@ async fn serve_embeddings(
     };
     match result {
         Ok((body, attribution)) => {
-            log_request(&model_name, &attribution, started, None);
             let elapsed = started.elapsed();
-            trace.served(&served_by(&attribution));
-            served_metrics(
-                &model,
-                Operation::Embeddings,
-                Dialect::OpenAiChat,
-                &attribution,
-                elapsed,
-                None,
-                0,
-            );
-            let row = ApiLogRow {
-                model: model.config.id.clone(),
-                status: 200,
-                latency_ms: elapsed.as_secs_f64() * 1000.0,
-                ..attributed_row(&attribution, base)
+            let rate_headers = limits.as_ref().map(|l| l.headers);
+            // As for chat: what the answer's bytes do not wait for runs once they are written.
+            let gateway = gateway.clone();
+            let trace = trace.clone();
+            let after = move || {
+                log_request(&model_name, &attribution, started, None);
+                trace.served(&served_by(&attribution));
+                served_metrics(
+                    &model,
+                    Operation::Embeddings,
+                    Dialect::OpenAiChat,
+                    &attribution,
+                    elapsed,
+                    None,
+                    0,
+                );
+                let row = ApiLogRow {
+                    model: model.config.id.clone(),
+                    status: 200,
+                    latency_ms: elapsed.as_secs_f64() * 1000.0,
+                    ..attributed_row(&attribution, base)
+                };
+                gateway.record(with_attempts(row, &attempts));
+                // An embeddings answer reports no usage here: the estimate stands; the limits'
+                // concurrency is released with them.
+                drop(limits);
             };
-            gateway.record(with_attempts(row, &attempts));
-            // An embeddings answer reports no usage here: the estimate stands.
-            Ok(with_rate_headers(
-                ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
-                limits.as_ref(),
-            ))
+            Ok(answered(body, rate_headers, after))
         }
         Err(e) => {
             if let Some(l) = limits {

@@ -1,5 +1,6 @@
 //! The HTTP edge: routes, request parsing, and turning answers and errors into responses.
 
+mod answered;
 pub mod auth;
 pub mod budget;
 pub mod caller;
