@@ -120,8 +120,29 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// What was decided, for the request log: who ordered the upstreams, in which order, with
-    /// which seed.
+    /// What was decided, kept by value for the request's log row: that row is written after the
+    /// answer, and its JSON is built then ([`DecisionRecord::to_json`]), not on the way upstream.
+    pub fn decision_record(&self) -> DecisionRecord {
+        DecisionRecord {
+            order: self.order.clone(),
+            pinned: self.pinned,
+            seed: self.seed,
+            strategy_error: self.strategy_error.clone(),
+        }
+    }
+}
+
+/// A plan's decision: who ordered the upstreams, in which order, with which seed.
+#[derive(Debug, Clone)]
+pub struct DecisionRecord {
+    order: Vec<usize>,
+    pinned: bool,
+    seed: Option<u64>,
+    strategy_error: Option<String>,
+}
+
+impl DecisionRecord {
+    /// The decision with the names `model` gives its upstreams.
     pub fn decision<'a>(&'a self, model: &'a ModelEntry) -> Decision<'a> {
         let upstreams = model.upstreams();
         Decision {
@@ -139,6 +160,11 @@ impl Plan {
             seed: self.seed,
             strategy_error: self.strategy_error.as_deref(),
         }
+    }
+
+    /// As `api_logs.decision` keeps it.
+    pub fn to_json(&self, model: &ModelEntry) -> String {
+        self.decision(model).to_json()
     }
 }
 

@@ -15,7 +15,7 @@ use crate::gateway::Gateway;
 use crate::protocol::inbound::Inbound;
 use crate::protocol::{self, Dialect};
 use crate::routing::dispatch::{self, Answer, AttemptLog, Attribution};
-use crate::routing::select::{self, RequestFacts};
+use crate::routing::select::{self, DecisionRecord, RequestFacts};
 use crate::routing::table::ModelEntry;
 use crate::store::api_log::ApiLogRow;
 use crate::telemetry::metrics::{self, Operation};
@@ -401,7 +401,7 @@ struct Waiting<'a> {
     admission: &'a Admission,
     model: &'a ModelEntry,
     /// The decision and the attempts sent so far, once the dispatch started.
-    dispatch: Option<(Option<String>, AttemptLog)>,
+    dispatch: Option<(DecisionRecord, AttemptLog)>,
     answered: bool,
     started: Instant,
     /// For the request metrics of an abandoned request.
@@ -431,15 +431,15 @@ impl<'a> Waiting<'a> {
     }
 
     /// The dispatch starts: an abandoned request's row gets its decision and attempts too.
-    fn dispatching(&mut self, decision: Option<String>, attempts: &AttemptLog) {
+    fn dispatching(&mut self, decision: DecisionRecord, attempts: &AttemptLog) {
         self.dispatch = Some((decision, attempts.clone()));
     }
 
     /// The upstream answered (or the attempts failed): the normal path logs the request, with the
     /// decision handed back.
-    fn answered(mut self) -> Option<String> {
+    fn answered(mut self) -> Option<DecisionRecord> {
         self.answered = true;
-        self.dispatch.take().and_then(|(decision, _)| decision)
+        self.dispatch.take().map(|(decision, _)| decision)
     }
 }
 
@@ -451,7 +451,7 @@ impl Drop for Waiting<'_> {
         let (decision, attempts) = self.dispatch.take().unzip();
         let row = ApiLogRow {
             model: self.model.config.id.clone(),
-            decision: decision.flatten(),
+            decision: decision.map(|d| d.to_json(self.model)),
             ..self.admission.log_row()
         };
         let waited = self.started.elapsed();
@@ -651,7 +651,7 @@ async fn serve_chat(
     if let Some(charge) = &mut charge {
         charge.track(&attempts);
     }
-    waiting.dispatching(Some(plan.decision(&model).to_json()), &attempts);
+    waiting.dispatching(plan.decision_record(), &attempts);
     let result = Box::pin(dispatch::chat(
         gateway.upstreams(),
         &gateway.routing,
@@ -663,10 +663,9 @@ async fn serve_chat(
         trace,
     ))
     .await;
-    let base = ApiLogRow {
-        decision: waiting.answered(),
-        ..admission.log_row()
-    };
+    // The decision's JSON is written with the row: after the answer, when there is one.
+    let decision = waiting.answered();
+    let base = admission.log_row();
     let public = inbound.request.model.as_str();
     match result {
         Ok(Answer::Complete {
@@ -708,7 +707,7 @@ async fn serve_chat(
                     latency_ms,
                     prompt_tokens: Some(clamp_i32(prompt_tokens)),
                     completion_tokens: Some(clamp_i32(completion_tokens)),
-                    ..attributed_row(&attribution, base)
+                    ..attributed_row(&attribution, with_decision(base, decision.as_ref(), &model))
                 };
                 gateway.record(with_attempts(row, &attempts));
                 if let Some(l) = limits {
@@ -736,7 +735,7 @@ async fn serve_chat(
             let row = ApiLogRow {
                 model: model.config.id.clone(),
                 status: 200,
-                ..attributed_row(&attribution, base)
+                ..attributed_row(&attribution, with_decision(base, decision.as_ref(), &model))
             };
             let logger = gateway.clone();
             let model = model.clone();
@@ -808,7 +807,7 @@ async fn serve_chat(
             let err = GatewayError::from(e);
             record_failure(
                 gateway,
-                with_attempts(base, &attempts),
+                with_attempts(with_decision(base, decision.as_ref(), &model), &attempts),
                 &model,
                 &err,
                 started,
@@ -817,6 +816,18 @@ async fn serve_chat(
             );
             Err(err)
         }
+    }
+}
+
+/// `row` with the routing decision written out (see [`DecisionRecord`]).
+fn with_decision(
+    row: ApiLogRow,
+    decision: Option<&DecisionRecord>,
+    model: &ModelEntry,
+) -> ApiLogRow {
+    ApiLogRow {
+        decision: decision.map(|d| d.to_json(model)),
+        ..row
     }
 }
 
@@ -1056,7 +1067,7 @@ async fn serve_embeddings(
     if let Some(charge) = &mut charge {
         charge.track(&attempts);
     }
-    waiting.dispatching(Some(plan.decision(&model).to_json()), &attempts);
+    waiting.dispatching(plan.decision_record(), &attempts);
     let result = dispatch::embeddings(
         gateway.upstreams(),
         &gateway.routing,
@@ -1067,10 +1078,9 @@ async fn serve_embeddings(
         trace,
     )
     .await;
-    let base = ApiLogRow {
-        decision: waiting.answered(),
-        ..admission.log_row()
-    };
+    // The decision's JSON is written with the row: after the answer, when there is one.
+    let decision = waiting.answered();
+    let base = admission.log_row();
     match result {
         Ok((body, attribution)) => {
             let elapsed = started.elapsed();
@@ -1094,7 +1104,7 @@ async fn serve_embeddings(
                     model: model.config.id.clone(),
                     status: 200,
                     latency_ms: elapsed.as_secs_f64() * 1000.0,
-                    ..attributed_row(&attribution, base)
+                    ..attributed_row(&attribution, with_decision(base, decision.as_ref(), &model))
                 };
                 gateway.record(with_attempts(row, &attempts));
                 // An embeddings answer reports no usage here: the estimate stands; the limits'
@@ -1110,7 +1120,7 @@ async fn serve_embeddings(
             let err = GatewayError::from(e);
             record_failure(
                 gateway,
-                with_attempts(base, &attempts),
+                with_attempts(with_decision(base, decision.as_ref(), &model), &attempts),
                 &model,
                 &err,
                 started,
