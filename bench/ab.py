@@ -17,7 +17,6 @@ same mock, as in bench/run.py) as one more "build" in the same rounds, the issue
 build also runs the mock. Extra environment for every gateway: `--gateway-env K=V,K=V`
 (e.g. `SWITCHYARD_WORKER_THREADS=1`).
 """
-import os
 import shutil
 import statistics
 import sys
@@ -60,8 +59,7 @@ def main():
     port_base = arg("--port-base", 19801)
     run.PORTS["mock"] = port_base
     run.ensure_tools(redis=False)
-    env = dict(os.environ, RUST_LOG="warn", ROUTING_AFFINITY_ENABLED="0", SWITCHYARD_DEFAULT_AUTH="disabled",
-               SWITCHYARD_BUILTIN_STRATEGIES=str(run.target_dir() / "strategies"))
+    env = run.gateway_env()
     work = Path(tempfile.mkdtemp(prefix="switchyard-ab-"))
     split = "--threads" in sys.argv
     procs, gateways, nginx_bin = [], {}, None

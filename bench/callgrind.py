@@ -194,9 +194,7 @@ def main():
         bench.sh("apt-get", "install", "-y", "-qq", "valgrind")
     binary = Path(arg("--binary", "")) if "--binary" in sys.argv else bench.build()
     work = Path(tempfile.mkdtemp(prefix="switchyard-callgrind-"))
-    env = dict(os.environ, RUST_LOG="warn", ROUTING_AFFINITY_ENABLED="0", SWITCHYARD_DEFAULT_AUTH="disabled",
-               SWITCHYARD_BUILTIN_STRATEGIES=str(bench.target_dir() / "strategies"),
-               SWITCHYARD_WASM_PROFILER="perfmap")
+    env = bench.gateway_env(SWITCHYARD_WASM_PROFILER="perfmap")
     traces = "--traces" in sys.argv
     # `--keep-dumps DIR`: copy each phase's median window there, for `callgrind_annotate --inclusive=yes`
     # or a caller tree (the work directory is removed at the end).

@@ -17,8 +17,6 @@ writes back, and the wake-ups in between. Per request, medians:
 proxies; the gaps between calls are user-space work plus that. The binary defaults to the
 release build; the strategies and the mock come from it, as in bench/run.py.
 """
-import json
-import os
 import re
 import shutil
 import statistics
@@ -62,8 +60,7 @@ def traced(pid, url, payload, seconds, work, listen, upstream_port):
     """`perf trace` of `pid` (all threads) while one client sends requests: wrk's figures, the
     parsed calls, and the fds of the client's and the upstream's connections (read mid-run)."""
     out = work / f"trace-{pid}.txt"
-    lua = work / "wrk.lua"
-    lua.write_text(f'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\nwrk.body = {json.dumps(payload)}\n')
+    lua = run.wrk_script(payload, work)
     perf = subprocess.Popen(["perf", "trace", "-p", str(pid), "-o", str(out)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -133,11 +130,8 @@ def main():
     model, seconds = arg("--model", "fixed"), arg("--seconds", 5)
     port_base = arg("--port-base", 19951)
     run.PORTS.update(mock=port_base, nginx=port_base + 1)
-    run.ensure_tools(redis=False)
-    if not shutil.which("perf"):
-        run.sh("apt-get", "install", "-y", "linux-perf")
-    env = dict(os.environ, RUST_LOG="warn", ROUTING_AFFINITY_ENABLED="0", SWITCHYARD_DEFAULT_AUTH="disabled",
-               SWITCHYARD_BUILTIN_STRATEGIES=str(run.target_dir() / "strategies"))
+    run.ensure_tools(redis=False, perf=True)
+    env = run.gateway_env()
     work = Path(tempfile.mkdtemp(prefix="switchyard-critical-"))
     nginx_bin = shutil.which("nginx") or "/usr/sbin/nginx"
     procs = []

@@ -141,8 +141,10 @@ def sh(*args, **kw):
     return subprocess.run(args, check=True, **kw)
 
 
-def ensure_tools(redis=True):
+def ensure_tools(redis=True, perf=False):
     wanted = {"wrk": "wrk", "nginx": "nginx"}
+    if perf:
+        wanted["perf"] = "linux-perf"
     if not SKIP_PEERS:
         wanted.update(node="nodejs", npm="npm")
     missing = [pkg for tool, pkg in wanted.items()
@@ -174,6 +176,13 @@ def raise_fd_limit():
 
 def target_dir() -> Path:
     return Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+
+
+def gateway_env(**extra):
+    """The environment the benchmarks run the gateway and its mock in: warnings only, session
+    affinity and authentication off, the built strategies; `extra` on top."""
+    return dict(os.environ, RUST_LOG="warn", ROUTING_AFFINITY_ENABLED="0", SWITCHYARD_DEFAULT_AUTH="disabled",
+                SWITCHYARD_BUILTIN_STRATEGIES=str(target_dir() / "strategies"), **extra)
 
 
 def build():
@@ -231,8 +240,8 @@ def machine():
     return f"{platform.node()} ({os.cpu_count()} cores, {cpu}, Linux {platform.release()})"
 
 
-def wrk(url, payload, concurrency, script_dir, headers=None):
-    """`headers` are sent with every request besides the content type (a peer's routing headers)."""
+def wrk_script(payload, script_dir, headers=None):
+    """The wrk script that POSTs `payload` as JSON (with `headers`), written in `script_dir`."""
     lua = script_dir / "wrk.lua"
     # JSON string literals are valid Lua string literals for the ASCII text used here.
     extra = "".join(f"wrk.headers[{json.dumps(k)}] = {json.dumps(v)}\n" for k, v in (headers or {}).items())
@@ -240,6 +249,12 @@ def wrk(url, payload, concurrency, script_dir, headers=None):
         'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
         f"{extra}wrk.body = {json.dumps(payload)}\n"
     )
+    return lua
+
+
+def wrk(url, payload, concurrency, script_dir, headers=None):
+    """`headers` are sent with every request besides the content type (a peer's routing headers)."""
+    lua = wrk_script(payload, script_dir, headers)
     threads = min(2, concurrency)
     out = subprocess.run(
         ["wrk", f"-t{threads}", f"-c{concurrency}", f"-d{DURATION}s", f"--timeout={WRK_TIMEOUT_S}s", "--latency",
@@ -811,8 +826,7 @@ def main():
     fd_limit = raise_fd_limit()
     idle_streams = min(IDLE_STREAMS, (fd_limit - 512) // 2)
     binary = build()
-    env = dict(os.environ, RUST_LOG="warn", ROUTING_AFFINITY_ENABLED="0", SWITCHYARD_DEFAULT_AUTH="disabled",
-               SWITCHYARD_BUILTIN_STRATEGIES=str(target_dir() / "strategies"))
+    env = gateway_env()
     work = Path(tempfile.mkdtemp(prefix="switchyard-bench-"))
     nginx_bin = shutil.which("nginx") or "/usr/sbin/nginx"
     procs = []
@@ -1295,8 +1309,7 @@ def large_body_memory():
     # The mock parses every body too; `--mock-binary` keeps it the same across a before/after pair.
     mock_binary = Path(arg("--mock-binary", str(binary)))
     concurrency = [int(c) for c in arg("--concurrency", "1,8").split(",")]
-    env = dict(os.environ, RUST_LOG="warn", ROUTING_AFFINITY_ENABLED="0", SWITCHYARD_DEFAULT_AUTH="disabled",
-               SWITCHYARD_BUILTIN_STRATEGIES=str(target_dir() / "strategies"))
+    env = gateway_env()
     work = Path(tempfile.mkdtemp(prefix="switchyard-memory-"))
     upstream = f"127.0.0.1:{MEMORY_PORTS['mock']}"
     models = "".join(

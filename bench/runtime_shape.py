@@ -8,7 +8,6 @@ rounds so a machine whose speed drifts moves every shape alike.
 Prints req/s and the gateway's CPU µs per non-streaming request (from /proc/<pid>/stat) per round,
 then the medians. Reuses bench/run.py's mock, config and wrk driver.
 """
-import os
 import statistics
 import subprocess
 import sys
@@ -28,8 +27,7 @@ def main():
     run.DURATION = seconds
     run.ensure_tools()
     binary = Path(arg("--binary", "")) if "--binary" in sys.argv else run.build()
-    env = dict(os.environ, RUST_LOG="warn", ROUTING_AFFINITY_ENABLED="0", SWITCHYARD_DEFAULT_AUTH="disabled",
-               SWITCHYARD_BUILTIN_STRATEGIES=str(run.target_dir() / "strategies"))
+    env = run.gateway_env()
     work = Path(tempfile.mkdtemp(prefix="switchyard-shape-"))
     per_core, shared = ["--runtime", "per-core"], ["--runtime", "shared"]
     shapes = {"per-core (default)": (per_core, {}), "shared": (shared, {}),

@@ -11,7 +11,6 @@ Prints, per request, each system call at least one in fifty requests make, and t
 (`raw_syscalls:sys_enter`, `context-switches`). The binary defaults to the release build; the
 strategies and the mock come from it, as in bench/run.py.
 """
-import os
 import shutil
 import subprocess
 import sys
@@ -55,11 +54,8 @@ def main():
     run.DURATION = arg("--seconds", 5)
     port_base = arg("--port-base", 19901)
     run.PORTS.update(mock=port_base, nginx=port_base + 1)
-    run.ensure_tools(redis=False)
-    if not shutil.which("perf"):
-        run.sh("apt-get", "install", "-y", "linux-perf")
-    env = dict(os.environ, RUST_LOG="warn", ROUTING_AFFINITY_ENABLED="0", SWITCHYARD_DEFAULT_AUTH="disabled",
-               SWITCHYARD_BUILTIN_STRATEGIES=str(run.target_dir() / "strategies"))
+    run.ensure_tools(redis=False, perf=True)
+    env = run.gateway_env()
     work = Path(tempfile.mkdtemp(prefix="switchyard-syscalls-"))
     nginx_bin = shutil.which("nginx") or "/usr/sbin/nginx"
     procs = []
