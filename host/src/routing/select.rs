@@ -143,7 +143,7 @@ pub struct DecisionRecord {
 
 impl DecisionRecord {
     /// The decision with the names `model` gives its upstreams.
-    pub fn decision<'a>(&'a self, model: &'a ModelEntry) -> Decision<'a> {
+    fn decision<'a>(&'a self, model: &'a ModelEntry) -> Decision<'a> {
         let upstreams = model.upstreams();
         Decision {
             strategy: if self.pinned {
