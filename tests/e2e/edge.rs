@@ -190,6 +190,31 @@ async fn a_body_slower_than_its_deadline_is_answered_408_in_the_client_dialect()
     assert_eq!(mock.chat_requests().await, 0);
 }
 
+/// A chunked body whose framing breaks is the client's mistake, told as such (400 in its dialect,
+/// naming what broke), not taken for a body over the size limit; nothing goes upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_whose_chunks_do_not_parse_is_answered_400_in_the_client_dialect() {
+    let mock = Mock::start(&[]);
+    let gw = Gateway::start(&model(&mock, ""));
+    let mut tcp = TcpStream::connect(("127.0.0.1", gw.port)).await.unwrap();
+    tcp.write_all(
+        b"POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n9\r\n{\"model\":\r\nzz\r\n",
+    )
+    .await
+    .unwrap();
+    let seen = read_until_closed(&mut tcp, Duration::from_secs(15))
+        .await
+        .expect("the connection ends after the answer to a broken body");
+    let text = String::from_utf8_lossy(&seen);
+    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+    assert!(text.contains(r#""type":"error""#), "{text}");
+    assert!(
+        text.contains("the request body could not be read: a chunk-size line does not parse"),
+        "{text}"
+    );
+    assert_eq!(mock.chat_requests().await, 0);
+}
+
 /// `/health` once it answers 503 after SIGTERM (the signal takes a moment to arrive); the last
 /// answer if it never does within 10 s.
 async fn health_after_sigterm(gw: &Gateway) -> (u16, serde_json::Value) {

@@ -58,6 +58,9 @@ pub struct RawServer {
     pub header_read_timeout_seconds: Option<f64>,
     /// Time a client has to send a whole request body once its head is in (default 60).
     pub request_body_timeout_seconds: Option<f64>,
+    /// Time a write of an answer to a client may move nothing before the connection is closed
+    /// (the client stopped reading; default 60).
+    pub client_write_timeout_seconds: Option<f64>,
     /// Client connections held at once; more are answered 503 and closed (default: derived from
     /// the process's file limit).
     pub max_connections: Option<u64>,
@@ -164,6 +167,7 @@ impl Default for RawServer {
             metrics_listen: None,
             header_read_timeout_seconds: None,
             request_body_timeout_seconds: None,
+            client_write_timeout_seconds: None,
             max_connections: None,
             shutdown_grace_seconds: None,
             max_messages: None,

@@ -56,6 +56,8 @@ pub struct EdgeConfig {
     pub header_read_timeout: Duration,
     /// The whole request body, from the end of its head.
     pub request_body_timeout: Duration,
+    /// A write of an answer that moves nothing (the client stopped reading).
+    pub client_write_timeout: Duration,
     /// Connections held at once; `None` derives the cap from the process's file limit.
     pub max_connections: Option<usize>,
     /// From SIGTERM to the end of the requests still in flight.
@@ -67,6 +69,7 @@ impl Default for EdgeConfig {
         Self {
             header_read_timeout: Duration::from_secs(30),
             request_body_timeout: Duration::from_secs(60),
+            client_write_timeout: Duration::from_secs(60),
             max_connections: None,
             shutdown_grace: Duration::from_secs(30),
         }

@@ -839,6 +839,11 @@ fn edge_config(server: &raw::RawServer) -> Result<EdgeConfig, (String, String)> 
             server.request_body_timeout_seconds,
             d.request_body_timeout,
         )?,
+        client_write_timeout: seconds(
+            "client_write_timeout_seconds",
+            server.client_write_timeout_seconds,
+            d.client_write_timeout,
+        )?,
         max_connections,
         shutdown_grace: seconds(
             "shutdown_grace_seconds",

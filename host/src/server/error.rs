@@ -45,6 +45,10 @@ pub enum GatewayError {
     /// The body is larger than `server.max_body_mib`.
     #[error("the request body exceeds the {0} MiB limit")]
     BodyTooLarge(usize),
+    /// The body's framing is broken (a chunk that does not parse) or its stream failed: what
+    /// arrived is not the body the client meant, so nothing was sent upstream.
+    #[error("the request body could not be read: {0}")]
+    BodyUnreadable(String),
     /// The client did not send its whole body within `server.request_body_timeout_seconds`.
     #[error("the request body did not arrive within {0} s")]
     BodyTimeout(f64),
@@ -81,6 +85,7 @@ impl GatewayError {
             | GatewayError::ModelNotInGroups { .. } => StatusCode::NOT_FOUND,
             GatewayError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             GatewayError::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            GatewayError::BodyUnreadable(_) => StatusCode::BAD_REQUEST,
             GatewayError::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             GatewayError::ShuttingDown(_) => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::StrategyLoading { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -141,6 +146,7 @@ impl GatewayError {
             | GatewayError::RouteDisabled(_)
             | GatewayError::MethodNotAllowed { .. }
             | GatewayError::BodyTooLarge(_)
+            | GatewayError::BodyUnreadable(_)
             | GatewayError::BodyTimeout(_)
             | GatewayError::ModelNotInGroups { .. } => "invalid_request_error",
             GatewayError::ShuttingDown(_) | GatewayError::StrategyLoading { .. } => {
@@ -171,6 +177,7 @@ impl GatewayError {
             GatewayError::RouteDisabled(_) => "route_disabled",
             GatewayError::MethodNotAllowed { .. } => "method_not_allowed",
             GatewayError::BodyTooLarge(_) => "request_too_large",
+            GatewayError::BodyUnreadable(_) => "unreadable_body",
             GatewayError::BodyTimeout(_) => "request_timeout",
             GatewayError::ShuttingDown(_) => "shutting_down",
             GatewayError::StrategyLoading { .. } => "strategy_loading",
@@ -198,6 +205,7 @@ impl GatewayError {
             GatewayError::RouteDisabled(_) => "caller_route_disabled",
             GatewayError::MethodNotAllowed { .. } => "caller_method_not_allowed",
             GatewayError::BodyTooLarge(_) => "caller_body_too_large",
+            GatewayError::BodyUnreadable(_) => "caller_body_unreadable",
             GatewayError::BodyTimeout(_) => "caller_body_timeout",
             GatewayError::ShuttingDown(_) => "gateway_shutting_down",
             GatewayError::StrategyLoading { .. } => "gateway_strategy_loading",

@@ -28,7 +28,7 @@ use axum::body::Body;
 use axum::extract::ConnectInfo;
 use bytes::{Buf, Bytes, BytesMut};
 use futures::channel::mpsc;
-use http::header::{CONNECTION, CONTENT_LENGTH, DATE, EXPECT, TRANSFER_ENCODING};
+use http::header::{CONNECTION, CONTENT_LENGTH, DATE, EXPECT, HOST, TRANSFER_ENCODING};
 use http::{HeaderMap, Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body as _;
 use switchyard_http1::{Decoded, Framing, HeadCopy, content_length, list_items, lists_token};
@@ -71,21 +71,34 @@ const LINGER_TIME: Duration = Duration::from_secs(2);
 /// keep-alive clients between requests held 8 KiB each of read buffer otherwise.
 const IDLE_WRITE_BUFFER: usize = 4 * 1024;
 
+/// How long a client connection may keep the gateway waiting on it (`server.*` in the file).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ClientDeadlines {
+    /// A request's head, from the end of the previous answer.
+    pub header_read: Duration,
+    /// A write of the answer that makes no progress: a client that stops reading lets the socket
+    /// buffers fill, and without this the answer (a stream and its upstream connection with it)
+    /// would be held for as long as the client stays connected. Counted between two writes that
+    /// move bytes (nginx's `send_timeout`), so a slow reader that keeps reading is not cut off.
+    pub client_write: Duration,
+}
+
 /// Serves the HTTP/1 requests of one client connection until it closes, its header deadline
 /// passes, or (between requests) the drain begins. The first head must arrive by
-/// `first_deadline`; each later one within `header_read_timeout` of the previous answer.
+/// `first_deadline`; each later one within `deadlines.header_read` of the previous answer.
 pub(super) async fn serve(
     stream: TcpStream,
     peer: SocketAddr,
     app: &Edge,
     drain: &Drain,
     first_deadline: Instant,
-    header_read_timeout: Duration,
+    deadlines: ClientDeadlines,
 ) {
     let mut connection = ClientConnection {
         stream,
         read: BytesMut::new(),
         out: Outgoing::default(),
+        write_timeout: deadlines.client_write,
     };
     let mut deadline = pin!(tokio::time::sleep_until(first_deadline));
     let mut draining = pin!(drain.draining());
@@ -107,7 +120,7 @@ pub(super) async fn serve(
                 connection.idle();
                 deadline
                     .as_mut()
-                    .reset(Instant::now() + header_read_timeout);
+                    .reset(Instant::now() + deadlines.header_read);
             }
             Next::Close { unread_input } => {
                 connection.close(unread_input).await;
@@ -162,6 +175,8 @@ struct ClientConnection {
     stream: TcpStream,
     read: BytesMut,
     out: Outgoing,
+    /// [`ClientDeadlines::client_write`].
+    write_timeout: Duration,
 }
 
 impl ClientConnection {
@@ -265,6 +280,21 @@ impl ClientConnection {
         self.read.advance(length);
 
         let facts = HeadFacts::of(&headers);
+        // RFC 9112 §3.2: an HTTP/1.1 request without a Host, or with more than one, is answered
+        // 400 (nginx does so too); a request meant for another host must not be served as ours.
+        match (version, facts.hosts) {
+            (Version::HTTP_11, 0) => {
+                return Err(Rejection::bad(
+                    "an HTTP/1.1 request must carry a Host header",
+                ));
+            }
+            (_, 2..) => {
+                return Err(Rejection::bad(
+                    "the request carries more than one Host header",
+                ));
+            }
+            _ => {}
+        }
         let body = request_framing(version, &headers, &facts)?;
         let keep_alive = match version {
             Version::HTTP_10 => facts.keep_alive,
@@ -605,20 +635,52 @@ impl ClientConnection {
         }
     }
 
-    /// Writes everything staged.
+    /// Writes everything staged; fails when a write has moved nothing for the write timeout.
     async fn flush(&mut self) -> io::Result<()> {
         let mut written = 0;
         let total = self.out.len();
+        let Self {
+            stream,
+            out,
+            write_timeout,
+            ..
+        } = self;
+        // The timer is armed only once a write has to wait: nearly every answer goes out in one
+        // write that does not, and it pays for no timer.
+        let mut stalled: Option<Pin<Box<Sleep>>> = None;
         while written < total {
-            let mut slices = [IoSlice::new(&[]); 64];
-            let count = self.out.slices_from(written, &mut slices);
-            let n = self.stream.write_vectored(&slices[..count]).await?;
-            if n == 0 {
-                return Err(io::ErrorKind::WriteZero.into());
-            }
+            let n = poll_fn(|cx| {
+                let mut slices = [IoSlice::new(&[]); 64];
+                let count = out.slices_from(written, &mut slices);
+                if let Poll::Ready(wrote) =
+                    Pin::new(&mut *stream).poll_write_vectored(cx, &slices[..count])
+                {
+                    return Poll::Ready(wrote);
+                }
+                let timer =
+                    stalled.get_or_insert_with(|| Box::pin(tokio::time::sleep(*write_timeout)));
+                ready!(timer.as_mut().poll(cx));
+                Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the client read nothing of its answer within the write timeout",
+                )))
+            })
+            .await;
+            let n = match n {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => n,
+                Err(e) => {
+                    if e.kind() == io::ErrorKind::TimedOut {
+                        tracing::info!("{e}: the connection is closed");
+                        crate::telemetry::metrics::client_write_timed_out();
+                    }
+                    return Err(e);
+                }
+            };
             written += n;
+            stalled = None;
         }
-        self.out.clear();
+        out.clear();
         Ok(())
     }
 
@@ -798,6 +860,8 @@ fn chunk_size_line(size: usize, line: &mut [u8; 18]) -> &[u8] {
 /// over them (a lookup by name for each cost ~100 instructions).
 #[derive(Debug, Default)]
 struct HeadFacts {
+    /// How many `Host` headers the request has.
+    hosts: u8,
     content_length: bool,
     transfer_encoding: bool,
     /// `Connection` lists `close`.
@@ -812,7 +876,9 @@ impl HeadFacts {
     fn of(headers: &HeaderMap) -> Self {
         let mut facts = HeadFacts::default();
         for (name, value) in headers {
-            if name == CONTENT_LENGTH {
+            if name == HOST {
+                facts.hosts = facts.hosts.saturating_add(1);
+            } else if name == CONTENT_LENGTH {
                 facts.content_length = true;
             } else if name == TRANSFER_ENCODING {
                 facts.transfer_encoding = true;
@@ -922,13 +988,26 @@ mod tests {
         addr: SocketAddr,
         /// Completes when a `/wait` handler was dropped.
         waiting_dropped: tokio::sync::Mutex<tokio::sync::oneshot::Receiver<()>>,
+        /// Completes when an `/endless` answer's body was dropped.
+        endless_dropped: tokio::sync::Mutex<tokio::sync::oneshot::Receiver<()>>,
     }
 
     /// Serves a small router on loopback with [`serve`]: `/echo` answers its body, `/stream` three
-    /// pieces of unknown length, `/wait` never.
+    /// pieces of unknown length, `/endless` 64 KiB pieces for as long as it is read (and says when
+    /// it is dropped), `/wait` never.
     async fn serving(header_read_timeout: Duration) -> Served {
+        serving_with(ClientDeadlines {
+            header_read: header_read_timeout,
+            client_write: Duration::from_secs(60),
+        })
+        .await
+    }
+
+    async fn serving_with(deadlines: ClientDeadlines) -> Served {
         let (dropped_tx, dropped_rx) = tokio::sync::oneshot::channel();
         let dropped_tx = Arc::new(std::sync::Mutex::new(Some(dropped_tx)));
+        let (endless_dropped_tx, endless_dropped_rx) = tokio::sync::oneshot::channel();
+        let endless_dropped_tx = Arc::new(std::sync::Mutex::new(Some(endless_dropped_tx)));
         let router = Router::new()
             .route("/echo", post(|body: Bytes| async move { body }))
             .route(
@@ -937,6 +1016,18 @@ mod tests {
                     let pieces =
                         ["one ", "two ", "three"].map(|p| Ok::<_, io::Error>(Bytes::from(p)));
                     Body::from_stream(futures::stream::iter(pieces))
+                }),
+            )
+            .route(
+                "/endless",
+                get(move || {
+                    let guard = DroppedSignal(endless_dropped_tx.lock().unwrap().take());
+                    let piece = Bytes::from(vec![b'e'; 64 * 1024]);
+                    let pieces = futures::stream::repeat_with(move || {
+                        let _held = &guard;
+                        Ok::<_, io::Error>(piece.clone())
+                    });
+                    async move { Body::from_stream(pieces) }
                 }),
             )
             .route(
@@ -963,8 +1054,8 @@ mod tests {
                         peer,
                         &edge,
                         &drain,
-                        Instant::now() + header_read_timeout,
-                        header_read_timeout,
+                        Instant::now() + deadlines.header_read,
+                        deadlines,
                     )
                     .await;
                 });
@@ -973,6 +1064,7 @@ mod tests {
         Served {
             addr,
             waiting_dropped: tokio::sync::Mutex::new(dropped_rx),
+            endless_dropped: tokio::sync::Mutex::new(endless_dropped_rx),
         }
     }
 
@@ -1075,9 +1167,11 @@ mod tests {
             assert_eq!(answer.body, expected.as_bytes());
         }
         // The client's `connection: close` ends it after the answer.
-        tcp.write_all(b"POST /echo HTTP/1.1\r\nconnection: close\r\ncontent-length: 4\r\n\r\nlast")
-            .await
-            .unwrap();
+        tcp.write_all(
+            b"POST /echo HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: 4\r\n\r\nlast",
+        )
+        .await
+        .unwrap();
         let answer = next_answer(&mut tcp, &mut read, false).await;
         assert_eq!(answer.body, b"last");
         assert_eq!(answer.headers[CONNECTION], "close");
@@ -1098,7 +1192,8 @@ mod tests {
         let answer = next_answer(&mut tcp, &mut read, false).await;
         assert_eq!(answer.body.len(), body.len());
 
-        let chunked = "POST /echo HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n";
+        let chunked =
+            "POST /echo HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n";
         tcp.write_all(chunked.as_bytes()).await.unwrap();
         tokio::time::sleep(Duration::from_millis(10)).await;
         tcp.write_all(b"6;ext=1\r\n world\r\n0\r\ntrailer: 1\r\n\r\n")
@@ -1116,9 +1211,11 @@ mod tests {
         let served = serving(Duration::from_secs(30)).await;
         let mut tcp = TcpStream::connect(served.addr).await.unwrap();
         let mut read = BytesMut::new();
-        tcp.write_all(b"POST /echo HTTP/1.1\r\nexpect: 100-continue\r\ncontent-length: 4\r\n\r\n")
-            .await
-            .unwrap();
+        tcp.write_all(
+            b"POST /echo HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\ncontent-length: 4\r\n\r\n",
+        )
+        .await
+        .unwrap();
         let interim = next_answer(&mut tcp, &mut read, false).await;
         assert_eq!(interim.status, 100);
         tcp.write_all(b"body").await.unwrap();
@@ -1131,14 +1228,14 @@ mod tests {
         let served = serving(Duration::from_secs(30)).await;
         let mut tcp = TcpStream::connect(served.addr).await.unwrap();
         let mut read = BytesMut::new();
-        tcp.write_all(b"GET /stream HTTP/1.1\r\n\r\n")
+        tcp.write_all(b"GET /stream HTTP/1.1\r\nhost: x\r\n\r\n")
             .await
             .unwrap();
         let answer = next_answer(&mut tcp, &mut read, false).await;
         assert_eq!(answer.headers[TRANSFER_ENCODING], "chunked");
         assert_eq!(answer.body, b"one two three");
         // HEAD: the head only, and the connection goes on.
-        tcp.write_all(b"HEAD /stream HTTP/1.1\r\n\r\n")
+        tcp.write_all(b"HEAD /stream HTTP/1.1\r\nhost: x\r\n\r\n")
             .await
             .unwrap();
         let answer = next_answer(&mut tcp, &mut read, true).await;
@@ -1158,18 +1255,21 @@ mod tests {
     #[tokio::test]
     async fn requests_that_cannot_be_served_are_answered_and_closed() {
         let served = serving(Duration::from_secs(30)).await;
-        let cases: [(&[u8], u16); 6] = [
-            (b"GET / HTTP/1.1\r\nno colon here\r\n\r\n", 400),
+        let cases: [(&[u8], u16); 8] = [
+            (b"GET / HTTP/1.1\r\nhost: x\r\nno colon here\r\n\r\n", 400),
             (b"GET / HTTP/3.0\r\n\r\n", 505),
             (
-                b"POST /echo HTTP/1.1\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n",
+                b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n",
                 400,
             ),
-            (b"POST /echo HTTP/1.1\r\ncontent-length: x\r\n\r\n", 400),
+            (b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: x\r\n\r\n", 400),
             (
-                b"POST /echo HTTP/1.1\r\ntransfer-encoding: gzip\r\n\r\n",
+                b"POST /echo HTTP/1.1\r\nhost: x\r\ntransfer-encoding: gzip\r\n\r\n",
                 501,
             ),
+            // RFC 9112 §3.2: an HTTP/1.1 request names exactly one host.
+            (b"GET /stream HTTP/1.1\r\n\r\n", 400),
+            (b"GET /stream HTTP/1.1\r\nhost: a\r\nhost: b\r\n\r\n", 400),
             (b"GET / HTTP/1.1\r\nhost: x\r\nx-big: ", 431),
         ];
         for (wire, status) in cases {
@@ -1191,7 +1291,9 @@ mod tests {
     async fn a_client_that_closes_while_served_drops_its_handler() {
         let served = serving(Duration::from_secs(30)).await;
         let mut tcp = TcpStream::connect(served.addr).await.unwrap();
-        tcp.write_all(b"GET /wait HTTP/1.1\r\n\r\n").await.unwrap();
+        tcp.write_all(b"GET /wait HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
         tokio::time::sleep(Duration::from_millis(100)).await;
         drop(tcp);
         let mut dropped = served.waiting_dropped.lock().await;
@@ -1199,6 +1301,53 @@ mod tests {
             .await
             .expect("the handler is dropped when its client closes")
             .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_client_that_stops_reading_is_let_go_after_the_write_timeout_and_a_slow_one_is_not() {
+        let served = serving_with(ClientDeadlines {
+            header_read: Duration::from_secs(30),
+            client_write: Duration::from_secs(1),
+        })
+        .await;
+        // A reader slower than the gateway writes but never idle for the timeout keeps its
+        // answer past several timeouts.
+        let mut slow = TcpStream::connect(served.addr).await.unwrap();
+        slow.write_all(b"GET /endless HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let started = std::time::Instant::now();
+        let mut buf = vec![0u8; 16 * 1024];
+        let mut received = 0;
+        while started.elapsed() < Duration::from_secs(3) {
+            let n = tokio::time::timeout(Duration::from_secs(20), slow.read(&mut buf))
+                .await
+                .expect("the slow reader still gets its answer")
+                .unwrap();
+            assert!(n > 0, "closed after {received} bytes");
+            received += n;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        drop(slow);
+        // A server of its own, whose `/endless` signal is still unused.
+        let served = serving_with(ClientDeadlines {
+            header_read: Duration::from_secs(30),
+            client_write: Duration::from_secs(1),
+        })
+        .await;
+        // A client that asks and never reads: once the socket buffers are full, the write stalls,
+        // and after the timeout the answer (and what feeds it) is dropped.
+        let mut stuck = TcpStream::connect(served.addr).await.unwrap();
+        stuck
+            .write_all(b"GET /endless HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut dropped = served.endless_dropped.lock().await;
+        tokio::time::timeout(Duration::from_secs(30), &mut *dropped)
+            .await
+            .expect("the answer of a client that reads nothing is dropped")
+            .unwrap();
+        drop(stuck);
     }
 
     #[tokio::test]

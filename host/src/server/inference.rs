@@ -354,6 +354,9 @@ pub(super) async fn read_body(
     use futures::StreamExt;
     let server = &gateway.config.server;
     let limit = server.max_body_bytes;
+    // A chunk that does not parse, or a stream that broke: reported as what it is (it was a 413
+    // before, which sent clients looking for a size limit they had not reached).
+    let unreadable = |e: axum::Error| GatewayError::BodyUnreadable(e.into_inner().to_string());
     let within = server.edge.request_body_timeout;
     let read = async {
         let mut chunks = body.into_data_stream();
@@ -361,7 +364,7 @@ pub(super) async fn read_body(
         // no copy.
         let first = match chunks.next().await {
             None => return Ok(bytes::Bytes::new()),
-            Some(chunk) => chunk.map_err(|_| GatewayError::BodyTooLarge(limit >> 20))?,
+            Some(chunk) => chunk.map_err(unreadable)?,
         };
         if first.len() > limit {
             return Err(GatewayError::BodyTooLarge(limit >> 20));
@@ -373,7 +376,7 @@ pub(super) async fn read_body(
         out.extend_from_slice(&first);
         let mut rest = futures::stream::iter([second]).chain(chunks);
         while let Some(chunk) = rest.next().await {
-            let chunk = chunk.map_err(|_| GatewayError::BodyTooLarge(limit >> 20))?;
+            let chunk = chunk.map_err(unreadable)?;
             if out.len() + chunk.len() > limit {
                 return Err(GatewayError::BodyTooLarge(limit >> 20));
             }

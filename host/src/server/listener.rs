@@ -23,6 +23,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, watch};
 
+use super::http1::ClientDeadlines;
 use crate::config::EdgeConfig;
 
 /// File descriptors kept back from the connection cap: upstream sockets beyond one per client
@@ -180,7 +181,7 @@ struct Serving {
     open: Arc<OpenConnections>,
     drain: Arc<Drain>,
     max_connections: usize,
-    header_read_timeout: Duration,
+    deadlines: ClientDeadlines,
     shutdown_grace: Duration,
 }
 
@@ -197,7 +198,10 @@ impl Serving {
             open: Arc::default(),
             drain,
             max_connections,
-            header_read_timeout: edge.header_read_timeout,
+            deadlines: ClientDeadlines {
+                header_read: edge.header_read_timeout,
+                client_write: edge.client_write_timeout,
+            },
             shutdown_grace: edge.shutdown_grace,
         }
     }
@@ -380,7 +384,7 @@ async fn accept_loop(listener: TcpListener, app: super::Edge, serving: Serving) 
         open,
         drain,
         max_connections,
-        header_read_timeout,
+        deadlines,
         shutdown_grace,
     } = serving;
     // The heartbeat stops with the accept loop that started it.
@@ -412,7 +416,7 @@ async fn accept_loop(listener: TcpListener, app: super::Edge, serving: Serving) 
         let drain = drain.clone();
         tokio::spawn(async move {
             let _slot = slot;
-            serve_connection(&http2, tcp, peer, app, drain, header_read_timeout).await;
+            serve_connection(&http2, tcp, peer, app, drain, deadlines).await;
         });
     }
 }
@@ -439,10 +443,10 @@ async fn serve_connection(
     peer: SocketAddr,
     app: super::Edge,
     drain: Arc<Drain>,
-    header_read_timeout: Duration,
+    deadlines: ClientDeadlines,
 ) {
     // The first head must come within the header timeout of the connection's start.
-    let deadline = tokio::time::Instant::now() + header_read_timeout;
+    let deadline = tokio::time::Instant::now() + deadlines.header_read;
     // A connection open when draining begins stops taking requests after its current one. One
     // accepted later is served once: its HTTP/1 answer carries `connection: close` (hyper would
     // drop an HTTP/2 one before reading its request, so it is not told).
@@ -450,7 +454,7 @@ async fn serve_connection(
     match opening(&tcp, deadline).await {
         Opening::Nothing => {}
         Opening::Http1 => {
-            super::http1::serve(tcp, peer, &app, &drain, deadline, header_read_timeout).await;
+            super::http1::serve(tcp, peer, &app, &drain, deadline, deadlines).await;
         }
         Opening::Http2 if drained_already => {
             serve_http2(http2, tcp, peer, app, std::future::pending()).await;

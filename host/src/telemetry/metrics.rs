@@ -93,6 +93,9 @@ pub mod names {
     /// Counter: client connections refused at the connection cap (`server.max_connections`)
     /// with a 503, before any request was read.
     pub const CONNECTIONS_REFUSED: &str = "switchyard_connections_refused_total";
+    /// Counter: HTTP/1 client connections closed because a write of their answer moved nothing
+    /// for `server.client_write_timeout_seconds` (the client stopped reading).
+    pub const CLIENT_WRITE_TIMEOUTS: &str = "switchyard_client_write_timeouts_total";
     /// Counter: requests a limit of the route's `rate-limit` plugin refused, by `route` (its name)
     /// and `limit` (`consumer:rpm`: scope, `per_model`, kind; a closed vocabulary).
     pub const RATE_LIMITED: &str = "switchyard_rate_limited_total";
@@ -336,6 +339,10 @@ fn describe() {
         "Client connections refused at the connection cap"
     );
     describe_counter!(
+        CLIENT_WRITE_TIMEOUTS,
+        "Client connections closed because their answer could not be written within the write timeout"
+    );
+    describe_counter!(
         RATE_LIMITED,
         "Requests refused by a rate limit, by route and limit"
     );
@@ -472,6 +479,11 @@ pub fn budget_soft_exceeded(scope: &'static str) {
 /// A client connection refused at the connection cap.
 pub fn connection_refused() {
     counter!(CONNECTIONS_REFUSED).increment(1);
+}
+
+/// A client connection closed because its answer's write moved nothing within the write timeout.
+pub fn client_write_timed_out() {
+    counter!(CLIENT_WRITE_TIMEOUTS).increment(1);
 }
 
 /// One attempt against one upstream, as it ended.
