@@ -164,6 +164,7 @@ pub mod names {
         SHADOW_SELECTS,
         DECISION_RECORDS,
         CONNECTIONS_REFUSED,
+        CLIENT_WRITE_TIMEOUTS,
         RATE_LIMITED,
         BUDGET_REFUSED,
         BUDGET_SPENT,
