@@ -780,10 +780,25 @@ def measure(work, mode, name, base, model, pids, headers):
     return rows
 
 
+def cpu_ticks():
+    """The machine's CPU ticks so far, all and stolen by the hypervisor (from /proc/stat)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(fields[:8]), fields[7]
+
+
+def stolen_share(before, after):
+    """The share of the machine's CPU time the hypervisor stole between two `cpu_ticks()`."""
+    return (after[1] - before[1]) / max(after[0] - before[0], 1)
+
+
 def measure_point(work, url, payload, c, pids, headers=None):
-    """wrk's figures for one point, the CPU `pids` spent per request over it, once they settled."""
+    """wrk's figures for one point, the CPU `pids` spent per request over it, once they settled,
+    and the share of the machine's CPU the hypervisor stole meanwhile (`stolen`): on a shared VM a
+    point with steal was slowed from outside."""
     before = sum(cpu_seconds(p) for p in pids)
+    ticks = cpu_ticks()
     r = wrk(url, payload, c, work, headers)
+    r["stolen"] = stolen_share(ticks, cpu_ticks())
     after = sum(cpu_seconds(p) for p in pids)
     # A peer slower than the window (LiteLLM streams at 256 clients) may finish no answer in it;
     # a CPU figure per request is then undefined, not the whole window's CPU.
@@ -1019,8 +1034,8 @@ def target_rounds(work, points, rounds=TARGET_ROUNDS, seconds=None):
                 r = measure_point(work, url, body(model, mode == "stream", dialect), c, pids)
                 runs.setdefault(f"{mode} {name} c={c}", []).append(r)
                 print(f"round  {mode:6} {name:29} c={c:<4} {r['rps']:9.0f} req/s  p50 {r['p50_ms']:.3f} ms"
-                      + (f"  cpu {r['cpu_us_per_request']:.1f} us/req" if r["cpu_us_per_request"] else ""),
-                      flush=True)
+                      + (f"  cpu {r['cpu_us_per_request']:.1f} us/req" if r["cpu_us_per_request"] else "")
+                      + f"  stolen {r['stolen'] * 100:.1f} %", flush=True)
     finally:
         DURATION = saved
 
@@ -1028,9 +1043,13 @@ def target_rounds(work, points, rounds=TARGET_ROUNDS, seconds=None):
         values = sorted(r[key] for r in rows if r[key] is not None)
         return values[len(values) // 2] if values else None
 
+    stolen = [r["stolen"] for rows in runs.values() for r in rows]
     return {"rounds": rounds, "seconds": seconds, "runs": runs,
             "medians": {point: {key: median(rows, key) for key in ("rps", "p50_ms", "cpu_us_per_request")}
-                        for point, rows in runs.items()}}
+                        for point, rows in runs.items()},
+            # How much of the rounds' machine the hypervisor took: the report says when it took any.
+            "stolen": {"rounds_over_2pct": sum(x > 0.02 for x in stolen), "of": len(stolen),
+                       "max": max(stolen, default=0.0)}}
 
 
 def pick(results, mode, target, c):
@@ -1173,6 +1192,11 @@ def render(results, extra, measured=None, machine_name=None):
         shown = "not measured" if r["measured"] is None else fmt.format(v=r["measured"])
         lines.append(f"| {label} | {goal.format(t=r['target'])} | {shown} | "
                      f"{'yes' if r['met'] else 'no'} |")
+    stolen = (rounds or {}).get("stolen")
+    if stolen and stolen["rounds_over_2pct"]:
+        lines += ["", f"{stolen['rounds_over_2pct']} of the {stolen['of']} target rounds ran with more than 2 % of "
+                      f"the machine's CPU stolen by the hypervisor (at most {stolen['max'] * 100:.1f} %): those "
+                      "rounds were slowed from outside."]
     return "\n".join(lines)
 
 

@@ -45,12 +45,6 @@ def arg(name, default):
 SLICE = re.compile(r"^\s*([\d.]+)\s+\[(\d+)\]\s+(.*?)\[(\d+)(?:/(\d+))?\]\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)")
 
 
-def cpu_ticks():
-    """The machine's (busy + idle, stolen) CPU ticks so far, from /proc/stat."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return sum(fields[:8]), fields[7]
-
-
 def threads_of(pid):
     """Thread ids of `pid` now."""
     return {int(t.name) for t in Path(f"/proc/{pid}/task").iterdir()}
@@ -65,13 +59,12 @@ def traced_round(url, payload, seconds, work, groups):
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         time.sleep(1)  # perf attaches
-        ticks_before, stolen_before = cpu_ticks()
+        ticks = run.cpu_ticks()
         load = subprocess.run(["wrk", "-t1", "-c1", f"-d{seconds}s", "--latency", "-s", str(lua), url],
                               capture_output=True, text=True, timeout=seconds + 60, check=True)
-        ticks_after, stolen_after = cpu_ticks()
+        stolen = run.stolen_share(ticks, run.cpu_ticks())
     finally:
         record.wait(seconds + 60)
-    stolen = (stolen_after - stolen_before) / max(ticks_after - ticks_before, 1)
     report = load.stdout
     p50 = run.to_ms(re.search(r"^\s+50%\s+(\S+)", report, re.M).group(1))
     requests = int(re.search(r"(\d+) requests in", report).group(1))
