@@ -296,12 +296,14 @@ fn client_connection_bounds_have_defaults_and_name_their_key_when_invalid() {
     let c = load("").unwrap();
     assert_eq!(c.server.edge.header_read_timeout, Duration::from_secs(30));
     assert_eq!(c.server.edge.request_body_timeout, Duration::from_secs(60));
+    assert_eq!(c.server.edge.client_write_timeout, Duration::from_secs(60));
     assert_eq!(c.server.edge.shutdown_grace, Duration::from_secs(30));
     assert_eq!(c.server.edge.max_connections, None);
     let c = load(
-        "server:\n  header_read_timeout_seconds: 2.5\n  max_connections: 100\n  shutdown_grace_seconds: 5\n",
+        "server:\n  header_read_timeout_seconds: 2.5\n  client_write_timeout_seconds: 90\n  max_connections: 100\n  shutdown_grace_seconds: 5\n",
     )
     .unwrap();
+    assert_eq!(c.server.edge.client_write_timeout, Duration::from_secs(90));
     assert_eq!(
         c.server.edge.header_read_timeout,
         Duration::from_millis(2500)
@@ -314,6 +316,13 @@ fn client_connection_bounds_have_defaults_and_name_their_key_when_invalid() {
     assert_eq!(
         err,
         "test.yaml:2: server.request_body_timeout_seconds: must be a number of seconds above 0 and at most 86400, got 0"
+    );
+    let err = load("server:\n  client_write_timeout_seconds: -1\n")
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "test.yaml:2: server.client_write_timeout_seconds: must be a number of seconds above 0 and at most 86400, got -1"
     );
     let err = load("server:\n  max_connections: 0\n")
         .unwrap_err()
