@@ -27,10 +27,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run  # noqa: E402
 
 
-def arg(name, default):
-    return type(default)(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else default
-
-
 def thread_cpu(pid):
     """CPU seconds (user, system) per thread name of process `pid`, summed over its threads."""
     out = {}
@@ -52,11 +48,11 @@ def main():
               if "=" in a and not a.startswith("-") and sys.argv[i - 1] != "--gateway-env"]
     if not builds:
         sys.exit(__doc__)
-    models = arg("--models", "fixed,routewise").split(",")
-    rounds, clients = arg("--rounds", 4), arg("--clients", 32)
-    run.DURATION = arg("--seconds", 5)
-    gateway_env = dict(kv.split("=", 1) for kv in arg("--gateway-env", "").split(",") if kv)
-    port_base = arg("--port-base", 19801)
+    models = run.arg("--models", "fixed,routewise").split(",")
+    rounds, clients = run.arg("--rounds", 4), run.arg("--clients", 32)
+    run.DURATION = run.arg("--seconds", 5)
+    gateway_env = dict(kv.split("=", 1) for kv in run.arg("--gateway-env", "").split(",") if kv)
+    port_base = run.arg("--port-base", 19801)
     run.PORTS["mock"] = port_base
     run.ensure_tools(redis=False)
     env = run.gateway_env()

@@ -18,20 +18,14 @@ proxies; the gaps between calls are user-space work plus that. The binary defaul
 release build; the strategies and the mock come from it, as in bench/run.py.
 """
 import re
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run  # noqa: E402
-
-
-def arg(name, default):
-    return type(default)(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else default
 
 
 # `perf trace` line: "   12.345 ( 0.004 ms): name/tid syscall(fd: 7, ...) = 120"
@@ -126,19 +120,12 @@ def segments(calls, client_fds, upstream_fds):
 
 
 def main():
-    binary = arg("--binary", str(run.target_dir() / "release" / "switchyard"))
-    model, seconds = arg("--model", "fixed"), arg("--seconds", 5)
-    port_base = arg("--port-base", 19951)
-    run.PORTS.update(mock=port_base, nginx=port_base + 1)
+    binary = run.arg("--binary", str(run.target_dir() / "release" / "switchyard"))
+    model, seconds = run.arg("--model", "fixed"), run.arg("--seconds", 5)
+    port_base = run.arg("--port-base", 19951)
     run.ensure_tools(redis=False, perf=True)
     env = run.gateway_env()
-    work = Path(tempfile.mkdtemp(prefix="switchyard-critical-"))
-    nginx_bin = shutil.which("nginx") or "/usr/sbin/nginx"
-    procs = []
-    try:
-        procs.append(run.start_mock(binary, env))
-        run.wait_http(f"http://127.0.0.1:{port_base}/health")
-        nginx_pids = run.start_nginx(work, nginx_bin)
+    with run.mock_and_nginx(binary, env, port_base, "switchyard-critical-") as (work, _, nginx_pids, procs):
         port = port_base + 2
         gw = run.start_gateway(binary, work, "gw", port, env)
         procs.append(gw)
@@ -155,10 +142,6 @@ def main():
         print(f"{'':22}" + "".join(f"{label:>12}" for label in results))
         for k in keys:
             print(f"{k:22}" + "".join(f"{results[label][k]:12.3f}" for label in results))
-    finally:
-        run.stop_nginx(work, nginx_bin)
-        run.stop_processes(procs)
-
 
 if __name__ == "__main__":
     main()

@@ -44,6 +44,7 @@ share its cores, so absolute figures are pessimistic — compare the ratios meas
 """
 
 import asyncio
+import contextlib
 import http.client
 import json
 import os
@@ -176,6 +177,30 @@ def raise_fd_limit():
 
 def target_dir() -> Path:
     return Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+
+
+def arg(name, default):
+    """The command-line value after `name`, as `default`'s type; `default` when not given."""
+    return type(default)(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else default
+
+
+@contextlib.contextmanager
+def mock_and_nginx(binary, env, port_base, prefix):
+    """The mock on `port_base` and nginx proxying to it on `port_base + 1`, in a fresh work folder:
+    yields `(work, mock, nginx_pids, procs)`. Processes appended to `procs` (gateways) are stopped
+    with the mock and nginx on the way out."""
+    PORTS.update(mock=port_base, nginx=port_base + 1)
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    nginx_bin = shutil.which("nginx") or "/usr/sbin/nginx"
+    procs = []
+    try:
+        mock = start_mock(binary, env)
+        procs.append(mock)
+        wait_http(f"http://127.0.0.1:{port_base}/health")
+        yield work, mock, start_nginx(work, nginx_bin), procs
+    finally:
+        stop_nginx(work, nginx_bin)
+        stop_processes(procs)
 
 
 def gateway_env(**extra):

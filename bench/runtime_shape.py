@@ -18,15 +18,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run  # noqa: E402
 
 
-def arg(name, default):
-    return type(default)(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else default
-
-
 def main():
-    rounds, seconds, clients = arg("--rounds", 3), arg("--seconds", 5), arg("--clients", 32)
+    rounds, seconds, clients = run.arg("--rounds", 3), run.arg("--seconds", 5), run.arg("--clients", 32)
     run.DURATION = seconds
     run.ensure_tools()
-    binary = Path(arg("--binary", "")) if "--binary" in sys.argv else run.build()
+    binary = Path(run.arg("--binary", "")) if "--binary" in sys.argv else run.build()
     env = run.gateway_env()
     work = Path(tempfile.mkdtemp(prefix="switchyard-shape-"))
     per_core, shared = ["--runtime", "per-core"], ["--runtime", "shared"]

@@ -24,21 +24,15 @@ medians over rounds. The binary defaults to the release build; the strategies an
 it, as in bench/run.py.
 """
 import re
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run  # noqa: E402
-
-
-def arg(name, default):
-    return type(default)(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else default
 
 
 # `perf sched timehist` line: time, [cpu], comm[tid/pid] or comm[pid], wait, sch delay, run (ms).
@@ -95,20 +89,12 @@ def traced_round(url, payload, seconds, work, groups):
 
 
 def main():
-    binary = arg("--binary", str(run.target_dir() / "release" / "switchyard"))
-    model, seconds, rounds = arg("--model", "fixed"), arg("--seconds", 5), arg("--rounds", 3)
-    port_base = arg("--port-base", 19971)
-    run.PORTS.update(mock=port_base, nginx=port_base + 1)
+    binary = run.arg("--binary", str(run.target_dir() / "release" / "switchyard"))
+    model, seconds, rounds = run.arg("--model", "fixed"), run.arg("--seconds", 5), run.arg("--rounds", 3)
+    port_base = run.arg("--port-base", 19971)
     run.ensure_tools(redis=False, perf=True)
     env = run.gateway_env()
-    work = Path(tempfile.mkdtemp(prefix="switchyard-sched-"))
-    nginx_bin = shutil.which("nginx") or "/usr/sbin/nginx"
-    procs = []
-    try:
-        mock = run.start_mock(binary, env)
-        procs.append(mock)
-        run.wait_http(f"http://127.0.0.1:{port_base}/health")
-        nginx_pids = run.start_nginx(work, nginx_bin)
+    with run.mock_and_nginx(binary, env, port_base, "switchyard-sched-") as (work, mock, nginx_pids, procs):
         port = port_base + 2
         gw = run.start_gateway(binary, work, "gw", port, env)
         procs.append(gw)
@@ -138,9 +124,6 @@ def main():
                 values = [row[k] for row in runs[label] if k in row]
                 cells.append(f"{statistics.median(values):14.2f}" if values else f"{'':>14}")
             print(f"{k:28}" + "".join(cells))
-    finally:
-        run.stop_nginx(work, nginx_bin)
-        run.stop_processes(procs)
 
 
 if __name__ == "__main__":

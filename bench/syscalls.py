@@ -11,18 +11,12 @@ Prints, per request, each system call at least one in fifty requests make, and t
 (`raw_syscalls:sys_enter`, `context-switches`). The binary defaults to the release build; the
 strategies and the mock come from it, as in bench/run.py.
 """
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run  # noqa: E402
-
-
-def arg(name, default):
-    return type(default)(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else default
 
 
 EVENTS = "raw_syscalls:sys_enter,context-switches,syscalls:sys_enter_*"
@@ -48,21 +42,14 @@ def counted(pids, url, payload, clients, work):
 
 
 def main():
-    binary = arg("--binary", str(run.target_dir() / "release" / "switchyard"))
-    model, clients = arg("--model", "fixed"), arg("--clients", 32)
+    binary = run.arg("--binary", str(run.target_dir() / "release" / "switchyard"))
+    model, clients = run.arg("--model", "fixed"), run.arg("--clients", 32)
     stream = "--stream" in sys.argv
-    run.DURATION = arg("--seconds", 5)
-    port_base = arg("--port-base", 19901)
-    run.PORTS.update(mock=port_base, nginx=port_base + 1)
+    run.DURATION = run.arg("--seconds", 5)
+    port_base = run.arg("--port-base", 19901)
     run.ensure_tools(redis=False, perf=True)
     env = run.gateway_env()
-    work = Path(tempfile.mkdtemp(prefix="switchyard-syscalls-"))
-    nginx_bin = shutil.which("nginx") or "/usr/sbin/nginx"
-    procs = []
-    try:
-        procs.append(run.start_mock(binary, env))
-        run.wait_http(f"http://127.0.0.1:{port_base}/health")
-        nginx_pids = run.start_nginx(work, nginx_bin)
+    with run.mock_and_nginx(binary, env, port_base, "switchyard-syscalls-") as (work, _, nginx_pids, procs):
         targets = [("nginx", f"http://127.0.0.1:{port_base + 1}", nginx_pids, "sim")]
         for i, (label, extra_env) in enumerate([("default", {}), ("one thread", {"SWITCHYARD_WORKER_THREADS": "1"})]):
             port = port_base + 2 + i
@@ -83,9 +70,6 @@ def main():
         print(f"{'':24}" + "".join(f"{label:>12}" for label in labels))
         for k in rows:
             print(f"{k:24}" + "".join(f"{per_request[label].get(k, 0):12.2f}" for label in labels))
-    finally:
-        run.stop_nginx(work, nginx_bin)
-        run.stop_processes(procs)
 
 
 if __name__ == "__main__":
