@@ -1305,11 +1305,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_client_that_stops_reading_is_let_go_after_the_write_timeout_and_a_slow_one_is_not() {
-        let served = serving_with(ClientDeadlines {
+        let deadlines = ClientDeadlines {
             header_read: Duration::from_secs(30),
             client_write: Duration::from_secs(1),
-        })
-        .await;
+        };
+        let served = serving_with(deadlines).await;
         // A reader slower than the gateway writes but never idle for the timeout keeps its
         // answer past several timeouts.
         let mut slow = TcpStream::connect(served.addr).await.unwrap();
@@ -1330,11 +1330,7 @@ mod tests {
         }
         drop(slow);
         // A server of its own, whose `/endless` signal is still unused.
-        let served = serving_with(ClientDeadlines {
-            header_read: Duration::from_secs(30),
-            client_write: Duration::from_secs(1),
-        })
-        .await;
+        let served = serving_with(deadlines).await;
         // A client that asks and never reads: once the socket buffers are full, the write stalls,
         // and after the timeout the answer (and what feeds it) is dropped.
         let mut stuck = TcpStream::connect(served.addr).await.unwrap();

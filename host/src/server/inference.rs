@@ -452,11 +452,14 @@ impl Drop for Waiting<'_> {
             return;
         }
         let (decision, attempts) = self.dispatch.take().unzip();
-        let row = ApiLogRow {
-            model: self.model.config.id.clone(),
-            decision: decision.map(|d| d.to_json(self.model)),
-            ..self.admission.log_row()
-        };
+        let row = with_decision(
+            ApiLogRow {
+                model: self.model.config.id.clone(),
+                ..self.admission.log_row()
+            },
+            decision.as_ref(),
+            self.model,
+        );
         let waited = self.started.elapsed();
         // 499: the client closed the request (nginx's code); 503 when the shutdown cut it.
         let closing = self.gateway.drain.is_closing();
