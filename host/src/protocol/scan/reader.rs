@@ -137,6 +137,87 @@ pub(crate) fn object_entries(bytes: &[u8]) -> Option<Vec<(Cow<'_, str>, &str)>> 
     reader.end(entries)
 }
 
+/// A reader driven entry by entry from outside, for `json::Lazy`, which reads a request's
+/// top-level object itself to keep the message list as slices of the text. Every call reads as
+/// [`from_slice`] would (the same grammar, depth and verdicts), and `None` means it gave up: the
+/// caller then reads the body with `serde_json`, whose error stands.
+pub(crate) struct Pull<'de> {
+    reader: Reader<'de>,
+}
+
+impl<'de> Pull<'de> {
+    /// A pull reader of `bytes`, which must be UTF-8.
+    pub(crate) fn new(bytes: &'de [u8]) -> Option<Self> {
+        Reader::new(bytes).map(|reader| Pull { reader })
+    }
+
+    /// A pull reader of text already known to be UTF-8.
+    pub(crate) fn of_str(text: &'de str) -> Self {
+        Pull {
+            reader: Reader {
+                text,
+                pos: 0,
+                depth: 0,
+            },
+        }
+    }
+
+    /// The first byte of the next token, not consumed.
+    pub(crate) fn peek(&mut self) -> Option<u8> {
+        self.reader.peek().ok()
+    }
+
+    /// Enters the object or array opened by `open` at the next token.
+    pub(crate) fn open(&mut self, open: u8) -> Option<()> {
+        self.reader.open(open).ok()
+    }
+
+    /// Leaves the object or array that `close` ends.
+    pub(crate) fn close(&mut self, close: u8) -> Option<()> {
+        self.reader.close(close).ok()
+    }
+
+    /// Whether another entry follows before `close` (consuming the comma between two);
+    /// `first` says whether none has been read yet, and is kept up to date.
+    pub(crate) fn more(&mut self, close: u8, first: &mut bool) -> Option<bool> {
+        let mut entries = Entries {
+            reader: &mut self.reader,
+            first: *first,
+        };
+        let more = entries.more(close).ok()?;
+        *first = entries.first;
+        Some(more)
+    }
+
+    /// An object's next key and its colon.
+    pub(crate) fn key(&mut self) -> Option<Cow<'de, str>> {
+        if self.reader.peek().ok()? != b'"' {
+            return None;
+        }
+        let key = self.reader.string().ok()?;
+        self.reader.expect(b':').ok()?;
+        Some(key)
+    }
+
+    /// The text of the next value, read and judged whole.
+    pub(crate) fn raw(&mut self) -> Option<&'de str> {
+        self.reader.skip_whitespace();
+        let start = self.reader.pos;
+        self.reader.skip().ok()?;
+        self.reader.text.get(start..self.reader.pos)
+    }
+
+    /// The next value, read through `seed`.
+    pub(crate) fn seed<S: DeserializeSeed<'de>>(&mut self, seed: S) -> Option<S::Value> {
+        seed.deserialize(&mut self.reader).ok()
+    }
+
+    /// `value`, when only whitespace is left.
+    pub(crate) fn end<T>(self, value: T) -> Option<T> {
+        self.reader.end(value)
+    }
+}
+
 struct Reader<'de> {
     text: &'de str,
     pos: usize,
@@ -437,6 +518,49 @@ impl<'de> Reader<'de> {
         }
     }
 
+    /// Reads the next value as [`Reader::any`] does (the same grammar, escapes, number ranges
+    /// and depth, so the same verdict) and keeps nothing: no visitor is called for its parts.
+    /// What a scan skips is most of a body, and walking it through visitors cost about twice as
+    /// much.
+    fn skip(&mut self) -> Result<(), GiveUp> {
+        match self.peek()? {
+            b'{' => {
+                self.open(b'{')?;
+                let mut entries = Entries {
+                    reader: self,
+                    first: true,
+                };
+                while entries.more(b'}')? {
+                    let reader = &mut *entries.reader;
+                    if reader.peek()? != b'"' {
+                        return Err(GiveUp);
+                    }
+                    reader.string()?;
+                    reader.expect(b':')?;
+                    reader.skip()?;
+                }
+                self.close(b'}')
+            }
+            b'[' => {
+                self.open(b'[')?;
+                let mut elements = Entries {
+                    reader: self,
+                    first: true,
+                };
+                while elements.more(b']')? {
+                    elements.reader.skip()?;
+                }
+                self.close(b']')
+            }
+            b'"' => self.string().map(drop),
+            b't' => self.literal("true"),
+            b'f' => self.literal("false"),
+            b'n' => self.literal("null"),
+            b'-' | b'0'..=b'9' => self.number().map(drop),
+            _ => Err(GiveUp),
+        }
+    }
+
     /// The object at the next token as (key, value's text) entries.
     fn entries(&mut self) -> Result<Vec<(Cow<'de, str>, &'de str)>, GiveUp> {
         self.open(b'{')?;
@@ -451,7 +575,7 @@ impl<'de> Reader<'de> {
             reader.expect(b':')?;
             reader.skip_whitespace();
             let start = reader.pos;
-            reader.any(de::IgnoredAny)?;
+            reader.skip()?;
             out.push((key, reader.text.get(start..reader.pos).ok_or(GiveUp)?));
         }
         self.close(b'}')?;
@@ -540,9 +664,16 @@ impl<'de> de::Deserializer<'de> for &mut Reader<'de> {
         self.map(visitor)
     }
 
+    /// A value nobody keeps (`IgnoredAny`, a derived view's unknown field, [`super::Checked`]):
+    /// read and judged as any other, handed to the visitor as a unit.
+    fn deserialize_ignored_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, GiveUp> {
+        self.skip()?;
+        visitor.visit_unit()
+    }
+
     serde::forward_to_deserialize_any! {
         bool i8 i16 i32 i64 i128 u8 u16 u32 u128 f32 f64 char bytes byte_buf unit unit_struct
-        tuple tuple_struct enum identifier ignored_any
+        tuple tuple_struct enum identifier
     }
 }
 
@@ -651,6 +782,10 @@ mod tests {
             r#"{"a":1,"a":2}"#,
         ] {
             assert!(agrees(body).is_some(), "{body:?} was not read");
+            assert!(
+                from_slice::<de::IgnoredAny>(body.as_bytes()).is_some(),
+                "{body:?}"
+            );
         }
     }
 
@@ -705,6 +840,10 @@ mod tests {
                 "serde_json reads {body:?}"
             );
             assert_eq!(from_slice::<Value>(body.as_bytes()), None, "{body:?}");
+            assert!(
+                from_slice::<de::IgnoredAny>(body.as_bytes()).is_none(),
+                "{body:?}"
+            );
         }
         assert_eq!(from_slice::<Value>(b"\"\xff\""), None, "invalid UTF-8");
     }
@@ -716,6 +855,10 @@ mod tests {
         for body in [deep.as_str(), "1e300", "2.2250738585072014e-308"] {
             assert!(serde_json::from_slice::<Value>(body.as_bytes()).is_ok());
             assert_eq!(from_slice::<Value>(body.as_bytes()), None, "{body:?}");
+            assert!(
+                from_slice::<de::IgnoredAny>(body.as_bytes()).is_none(),
+                "{body:?}"
+            );
         }
     }
 
@@ -749,6 +892,13 @@ mod tests {
             }
             let ours = from_slice::<Value>(&body);
             let theirs = serde_json::from_slice::<Value>(&body).ok();
+            // Skipping a value judges it as reading it does.
+            assert_eq!(
+                from_slice::<de::IgnoredAny>(&body).is_some(),
+                ours.is_some(),
+                "case {case}: {:?}",
+                String::from_utf8_lossy(&body)
+            );
             if ours.is_some() {
                 read += 1;
                 assert_eq!(
