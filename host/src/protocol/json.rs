@@ -7,7 +7,9 @@
 //! A request body is not turned into one `Value` tree: a tree costs several hundred bytes per JSON
 //! object (a `BTreeMap` node each), so a 26 MiB body of tiny messages took 650 MiB. [`Lazy`] keeps
 //! the message list as slices of the body and parses one message at a time, and [`Limits`] caps
-//! the messages and nested objects while the body is read, before anything is built.
+//! the messages and nested objects while the body is read, before anything is built. It reads with
+//! the scan's reader (`scan::Pull`, held to `serde_json` by its tests), and with `serde_json` only
+//! where that gives up, so every error is still `serde_json`'s.
 
 use std::borrow::Cow;
 use std::cell::Cell;
