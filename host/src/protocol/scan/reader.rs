@@ -104,11 +104,7 @@ pub(crate) fn from_slice<'de, T: de::Deserialize<'de>>(bytes: &'de [u8]) -> Opti
 
 /// [`from_slice`] for text already known to be UTF-8 (a stream's event), which is not checked again.
 pub(crate) fn from_str<'de, T: de::Deserialize<'de>>(text: &'de str) -> Option<T> {
-    let mut reader = Reader {
-        text,
-        pos: 0,
-        depth: 0,
-    };
+    let mut reader = Reader::of_str(text);
     let value = T::deserialize(&mut reader).ok()?;
     reader.end(value)
 }
@@ -154,11 +150,7 @@ impl<'de> Pull<'de> {
     /// A pull reader of text already known to be UTF-8.
     pub(crate) fn of_str(text: &'de str) -> Self {
         Pull {
-            reader: Reader {
-                text,
-                pos: 0,
-                depth: 0,
-            },
+            reader: Reader::of_str(text),
         }
     }
 
@@ -191,20 +183,12 @@ impl<'de> Pull<'de> {
 
     /// An object's next key and its colon.
     pub(crate) fn key(&mut self) -> Option<Cow<'de, str>> {
-        if self.reader.peek().ok()? != b'"' {
-            return None;
-        }
-        let key = self.reader.string().ok()?;
-        self.reader.expect(b':').ok()?;
-        Some(key)
+        self.reader.key().ok()
     }
 
     /// The text of the next value, read and judged whole.
     pub(crate) fn raw(&mut self) -> Option<&'de str> {
-        self.reader.skip_whitespace();
-        let start = self.reader.pos;
-        self.reader.skip().ok()?;
-        self.reader.text.get(start..self.reader.pos)
+        self.reader.raw().ok()
     }
 
     /// The next value, read through `seed`.
@@ -232,13 +216,18 @@ enum Number {
 }
 
 impl<'de> Reader<'de> {
-    /// A reader of `bytes`, which must be UTF-8 (checked once here, so strings are slices).
-    fn new(bytes: &'de [u8]) -> Option<Self> {
-        Some(Reader {
-            text: std::str::from_utf8(bytes).ok()?,
+    /// A reader of text known to be UTF-8, from its start.
+    fn of_str(text: &'de str) -> Self {
+        Reader {
+            text,
             pos: 0,
             depth: 0,
-        })
+        }
+    }
+
+    /// A reader of `bytes`, which must be UTF-8 (checked once here, so strings are slices).
+    fn new(bytes: &'de [u8]) -> Option<Self> {
+        std::str::from_utf8(bytes).ok().map(Reader::of_str)
     }
 
     /// `value`, when only whitespace follows what was read.
@@ -531,13 +520,8 @@ impl<'de> Reader<'de> {
                     first: true,
                 };
                 while entries.more(b'}')? {
-                    let reader = &mut *entries.reader;
-                    if reader.peek()? != b'"' {
-                        return Err(GiveUp);
-                    }
-                    reader.string()?;
-                    reader.expect(b':')?;
-                    reader.skip()?;
+                    entries.reader.key()?;
+                    entries.reader.skip()?;
                 }
                 self.close(b'}')
             }
@@ -561,6 +545,22 @@ impl<'de> Reader<'de> {
         }
     }
 
+    /// An object's key at the next token (a string: `string` refuses anything else) and the colon
+    /// after it.
+    fn key(&mut self) -> Result<Cow<'de, str>, GiveUp> {
+        let key = self.string()?;
+        self.expect(b':')?;
+        Ok(key)
+    }
+
+    /// The text of the next value, read and judged whole ([`Reader::skip`]).
+    fn raw(&mut self) -> Result<&'de str, GiveUp> {
+        self.skip_whitespace();
+        let start = self.pos;
+        self.skip()?;
+        self.text.get(start..self.pos).ok_or(GiveUp)
+    }
+
     /// The object at the next token as (key, value's text) entries.
     fn entries(&mut self) -> Result<Vec<(Cow<'de, str>, &'de str)>, GiveUp> {
         self.open(b'{')?;
@@ -570,13 +570,8 @@ impl<'de> Reader<'de> {
             first: true,
         };
         while entries.more(b'}')? {
-            let reader = &mut *entries.reader;
-            let key = reader.string()?;
-            reader.expect(b':')?;
-            reader.skip_whitespace();
-            let start = reader.pos;
-            reader.skip()?;
-            out.push((key, reader.text.get(start..reader.pos).ok_or(GiveUp)?));
+            let key = entries.reader.key()?;
+            out.push((key, entries.reader.raw()?));
         }
         self.close(b'}')?;
         Ok(out)
