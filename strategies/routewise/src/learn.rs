@@ -3,6 +3,8 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use crate::name::SharedName;
+
 /// TTFT recorded for a failed attempt, in milliseconds.
 pub const FAILURE_PENALTY_MS: f64 = 60_000.0;
 
@@ -226,8 +228,9 @@ pub struct OutputThresholds {
 #[derive(Clone, Debug, Default)]
 pub struct OutputPredictor {
     /// Per model: its overall stat and its stats by prompt bucket. Keyed by model first so a
-    /// lookup borrows the name instead of allocating a key on every request.
-    models: BTreeMap<String, ModelStats>,
+    /// lookup borrows the name instead of allocating a key on every request, and by the caller's
+    /// shared name, which a lookup then meets by pointer.
+    models: BTreeMap<SharedName, ModelStats>,
     global: MeanStat,
 }
 
@@ -246,14 +249,14 @@ impl OutputPredictor {
     /// Learns one served answer. A zero-token completion is not an observation (as in the
     /// reference): an empty answer says nothing about how long the next one will be, and counting
     /// it would drag the means towards nothing.
-    pub fn record(&mut self, model: &str, prompt_tokens: u32, completion_tokens: u32) {
+    pub fn record(&mut self, model: &SharedName, prompt_tokens: u32, completion_tokens: u32) {
         if completion_tokens == 0 {
             return;
         }
         let value = f64::from(completion_tokens);
         let stats = match self.models.get_mut(model) {
             Some(stats) => stats,
-            None => self.models.entry(model.to_owned()).or_default(),
+            None => self.models.entry(model.clone()).or_default(),
         };
         stats
             .buckets
@@ -269,7 +272,7 @@ impl OutputPredictor {
     /// at least 1.
     pub fn predict(
         &self,
-        model: &str,
+        model: &SharedName,
         prompt_tokens: u32,
         max_tokens: Option<u32>,
         thresholds: OutputThresholds,
@@ -503,36 +506,60 @@ mod tests {
     #[test]
     fn output_predictor_falls_back_level_by_level() {
         let mut o = OutputPredictor::default();
-        assert_eq!(o.predict("m", 100, None, T), (500, OutputSource::Default));
         assert_eq!(
-            o.predict("m", 100, Some(64), T),
+            o.predict(&"m".into(), 100, None, T),
+            (500, OutputSource::Default)
+        );
+        assert_eq!(
+            o.predict(&"m".into(), 100, Some(64), T),
             (64, OutputSource::Default)
         );
-        assert_eq!(o.predict("m", 100, Some(0), T), (1, OutputSource::Default));
+        assert_eq!(
+            o.predict(&"m".into(), 100, Some(0), T),
+            (1, OutputSource::Default)
+        );
         // Three samples of another model: global level only.
         for tokens in [10, 20, 30] {
-            o.record("other", 100, tokens);
+            o.record(&"other".into(), 100, tokens);
         }
-        assert_eq!(o.predict("m", 100, None, T), (20, OutputSource::Global));
+        assert_eq!(
+            o.predict(&"m".into(), 100, None, T),
+            (20, OutputSource::Global)
+        );
         // Three samples of m in bucket ⌊log2 5000⌋ = 12.
         for tokens in [100, 200, 300] {
-            o.record("m", 5_000, tokens);
+            o.record(&"m".into(), 5_000, tokens);
         }
-        assert_eq!(o.predict("m", 100, None, T), (200, OutputSource::Model));
-        assert_eq!(o.predict("m", 4_096, None, T), (200, OutputSource::Bucket));
-        assert_eq!(o.predict("m", 8_192, None, T), (200, OutputSource::Model));
-        o.record("m", 4_500, 1_000);
-        // Bucket 12 mean: 400; model mean: 400 too; the cap still applies.
-        assert_eq!(o.predict("m", 6_000, None, T), (400, OutputSource::Bucket));
         assert_eq!(
-            o.predict("m", 6_000, Some(50), T),
+            o.predict(&"m".into(), 100, None, T),
+            (200, OutputSource::Model)
+        );
+        assert_eq!(
+            o.predict(&"m".into(), 4_096, None, T),
+            (200, OutputSource::Bucket)
+        );
+        assert_eq!(
+            o.predict(&"m".into(), 8_192, None, T),
+            (200, OutputSource::Model)
+        );
+        o.record(&"m".into(), 4_500, 1_000);
+        // Bucket 12 mean: 400; model mean: 400 too; the cap still applies.
+        assert_eq!(
+            o.predict(&"m".into(), 6_000, None, T),
+            (400, OutputSource::Bucket)
+        );
+        assert_eq!(
+            o.predict(&"m".into(), 6_000, Some(50), T),
             (50, OutputSource::Bucket)
         );
         // Zero-token completions teach nothing: the bucket keeps its four samples.
         for _ in 0..10 {
-            o.record("m", 6_000, 0);
+            o.record(&"m".into(), 6_000, 0);
         }
-        assert_eq!(o.predict("m", 6_000, None, T), (400, OutputSource::Bucket));
+        assert_eq!(
+            o.predict(&"m".into(), 6_000, None, T),
+            (400, OutputSource::Bucket)
+        );
         assert_eq!(o.model("m").count, 4);
         assert_eq!(o.global().count, 7);
         assert_eq!(prompt_bucket(0), 0);

@@ -22,6 +22,7 @@ mod capacity;
 mod learn;
 pub mod lp;
 mod metadata;
+mod name;
 mod params;
 
 #[cfg(test)]
@@ -29,7 +30,6 @@ mod tests;
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
-use std::rc::Rc;
 
 use serde_json::{Value, json};
 use switchyard_sdk::{
@@ -47,6 +47,7 @@ use capacity::{ConcurrencyPools, QuotaPools};
 use learn::{
     Bounds, CostEnvelope, EnvelopeSettings, LatencyProfile, OutputPredictor, OutputThresholds,
 };
+use name::SharedName;
 
 /// A hedge is planned only where the request then meets the SLO with at least this probability.
 pub const HEDGE_TARGET: f64 = 0.99;
@@ -227,8 +228,9 @@ const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";
 /// One route of the table, as RouteWise keeps it.
 #[derive(Clone, Debug)]
 struct RouteEntry {
-    /// Shared with every decision's [`Evaluated`] entries: a decision copies no endpoint id.
-    endpoint_id: Rc<str>,
+    /// Shared with every decision's [`Evaluated`] entries and with the latency profile's key: a
+    /// decision copies no endpoint id, and finds its profile by pointer.
+    endpoint_id: SharedName,
     pricing: Option<Pricing>,
     meta: Result<RouteMeta, String>,
 }
@@ -237,7 +239,7 @@ struct RouteEntry {
 #[derive(Clone, Debug)]
 struct Evaluated {
     index: u32,
-    endpoint_id: Rc<str>,
+    endpoint_id: SharedName,
     kind: Option<ProviderKind>,
     pool: Option<String>,
     cost: f64,
@@ -327,10 +329,10 @@ struct Scratch {
 /// The router of one model.
 #[derive(Debug)]
 pub struct RouteWise {
-    model: String,
+    model: SharedName,
     params: RouteWiseParams,
     routes: BTreeMap<u32, RouteEntry>,
-    latency: BTreeMap<String, LatencyProfile>,
+    latency: BTreeMap<SharedName, LatencyProfile>,
     /// Exploration leases: endpoint → until (ms).
     leases: BTreeMap<String, u64>,
     /// Server-side failure streaks and cooldowns by endpoint.
@@ -492,7 +494,7 @@ impl RouteWise {
             let (ttft_ms, samples) = (self.params.latency_unprofiled_ttft_ms, 0);
             return Evaluated {
                 index: candidate.index,
-                endpoint_id: format!("#{}", candidate.index).into(),
+                endpoint_id: format!("#{}", candidate.index).as_str().into(),
                 kind: None,
                 pool: None,
                 cost: 0.0,
@@ -504,7 +506,7 @@ impl RouteWise {
         };
         let endpoint_id = route.endpoint_id.clone();
         // Trimmed and read through one lookup.
-        let profile = self.latency.get_mut(&*endpoint_id).map(|profile| {
+        let profile = self.latency.get_mut(&endpoint_id).map(|profile| {
             profile.trim(request.now_ms, window);
             &*profile
         });
@@ -594,7 +596,7 @@ impl RouteWise {
         }
         let trusted = |e: &Evaluated| {
             self.latency
-                .get(&*e.endpoint_id)
+                .get(&e.endpoint_id)
                 .filter(|profile| profile.len() >= HEDGE_MIN_SAMPLES)
         };
         let primary_profile = trusted(&feasible[primary])?;
@@ -747,7 +749,7 @@ impl Strategy for RouteWise {
 
     fn create(model_id: &str, params: RouteWiseParams) -> Result<Self, String> {
         Ok(Self {
-            model: model_id.to_owned(),
+            model: model_id.into(),
             params: params.validate()?,
             routes: BTreeMap::new(),
             latency: BTreeMap::new(),
@@ -783,7 +785,12 @@ impl Strategy for RouteWise {
                 (
                     r.index,
                     RouteEntry {
-                        endpoint_id: r.endpoint_id.as_str().into(),
+                        // The profile's own key when there is one, so that lookups by the
+                        // route's id meet it by pointer.
+                        endpoint_id: self
+                            .latency
+                            .get_key_value(r.endpoint_id.as_str())
+                            .map_or_else(|| r.endpoint_id.as_str().into(), |(k, _)| k.clone()),
                         pricing: r.pricing,
                         meta,
                     },
@@ -1095,9 +1102,9 @@ impl Strategy for RouteWise {
                 self.window_ms(),
                 self.params.latency_max_samples_per_profile as usize,
             );
-            let profile = match self.latency.get_mut(&*endpoint_id) {
+            let profile = match self.latency.get_mut(&endpoint_id) {
                 Some(profile) => profile,
-                None => self.latency.entry(endpoint_id.to_string()).or_default(),
+                None => self.latency.entry(endpoint_id.clone()).or_default(),
             };
             profile.push(now, sample, window, max);
             if !profile.is_empty() {
@@ -1237,14 +1244,14 @@ impl Strategy for RouteWise {
         let c = self.counters;
         json!({
             "strategy": "routewise",
-            "model": self.model,
+            "model": self.model.as_str(),
             "now_ms": now,
             "budget_alpha": self.params.budget_alpha,
             "budget_pressure_requests": self.params.budget_pressure_requests,
             "fallback_mode": self.params.fallback_mode,
             "last_decision": self.last_decision_json(),
             "envelope": {
-                "pool": self.model,
+                "pool": self.model.as_str(),
                 "calibrated": bounds.calibrated,
                 "samples": bounds.samples,
                 "min_samples": self.params.envelope_min_samples,
