@@ -216,6 +216,9 @@ fn seeds() -> Vec<Value> {
             "tools": [{"type": "function", "name": "f"}], "reasoning": {"effort": "high"}, "text": {"format": {"type": "json_object"}}}),
         json!({"id": "a", "model": "m", "choices": [{"message": {"content": "x", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{}"}}]}, "finish_reason": "stop"}],
                "usage": {"prompt_tokens": 1, "prompt_tokens_details": {"cached_tokens": 1}}}),
+        // The common Chat answer: text only, the usage with both details objects.
+        json!({"id": "b", "object": "chat.completion", "model": "m", "choices": [{"index": 0, "message": {"role": "assistant", "content": "x", "refusal": null}, "logprobs": null, "finish_reason": "stop"}],
+               "usage": {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5, "prompt_tokens_details": {"cached_tokens": 1}, "completion_tokens_details": {"reasoning_tokens": 1}}}),
         json!({"id": "a", "type": "message", "model": "m", "content": [{"type": "text", "text": "x"}, {"type": "tool_use", "id": "c", "name": "f", "input": {}}],
                "stop_reason": "tool_use", "usage": {"input_tokens": 1, "cache_read_input_tokens": 2}}),
         json!({"id": "a", "object": "response", "status": "incomplete", "incomplete_details": {"reason": "max_output_tokens"}, "model": "m",
@@ -242,6 +245,17 @@ fn exercise(body: &[u8], case: &str) -> usize {
                 }
             }
             Err(reason) => assert!(!reason.to_string().is_empty(), "{case}: empty reason"),
+        }
+        // The key-by-key reading of a Chat answer is never looser than the scan by fields, and
+        // reads what it reads.
+        if d == Dialect::OpenAiChat
+            && let Some(pulled) = super::openai_chat::pull_response(body)
+        {
+            assert_eq!(
+                Some(pulled),
+                super::openai_chat::scan_by_fields(body),
+                "{case}: the pull reading accepts what the scan by fields does not, or reads it otherwise"
+            );
         }
         if let Some(scanned) = d.scan_response(body) {
             scanned_bodies += 1;

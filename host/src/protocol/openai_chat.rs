@@ -12,6 +12,8 @@ mod stream;
 
 pub use request::{build_request, empty_schema, parse_request, parse_request_within};
 pub use response::{build_response, parse_response, scan_response};
+#[cfg(test)]
+pub(crate) use response::{pull_response, scan_by_fields};
 pub use stream::{StreamDecoder, StreamEncoder, is_plain_delta};
 
 /// The error body of OpenAI's API for an HTTP status: `{"error":{"message","type","param","code"}}`.
