@@ -1217,6 +1217,12 @@ def render(results, extra, measured=None, machine_name=None):
         shown = "not measured" if r["measured"] is None else fmt.format(v=r["measured"])
         lines.append(f"| {label} | {goal.format(t=r['target'])} | {shown} | "
                      f"{'yes' if r['met'] else 'no'} |")
+    cores = os.cpu_count() or 1
+    if cores <= 2:
+        # The default is one serving thread per core but one (`host/src/main.rs`), at least one.
+        lines += ["", f"On this {cores}-core machine the default configuration serves on one thread, as the "
+                      "one-thread row does: the two are the same configuration, and the ratio between them "
+                      "is the spread of rounds measured minutes apart."]
     stolen = (rounds or {}).get("stolen")
     if stolen and stolen["rounds_over_2pct"]:
         lines += ["", f"{stolen['rounds_over_2pct']} of the {stolen['of']} target rounds ran with more than 2 % of "
