@@ -1,5 +1,7 @@
 //! Chat Completions answers ↔ IR.
 
+use std::borrow::Cow;
+
 use serde::de::{MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value, json};
 
@@ -155,13 +157,9 @@ pub(crate) fn pull_response(bytes: &[u8]) -> Option<Summary> {
         Some(())
     })?;
     choices.then_some(())?;
-    let model = match model {
-        Some(model) => model.into_owned(),
-        None => String::new(),
-    };
     pull.end(Summary {
         usage: usage.unwrap_or_default(),
-        model,
+        model: model.map(Cow::into_owned).unwrap_or_default(),
     })
 }
 

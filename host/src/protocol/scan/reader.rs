@@ -198,10 +198,7 @@ impl<'de> Pull<'de> {
 
     /// Whether the next token is `null`, consumed if it is (anything else is left to read).
     pub(crate) fn null(&mut self) -> Option<bool> {
-        if self.reader.peek().ok()? != b'n' {
-            return Some(false);
-        }
-        self.reader.literal("null").ok().map(|()| true)
+        self.reader.null().ok()
     }
 
     /// The non-negative integer at the next token, or `None` at `null`, as `Option<u64>` reads.
@@ -209,14 +206,7 @@ impl<'de> Pull<'de> {
         if self.null()? {
             return Some(None);
         }
-        // As `deserialize_u64`: a minus sign gives up, whatever follows it.
-        if self.reader.peek().ok()? == b'-' {
-            return None;
-        }
-        match self.reader.number().ok()? {
-            Number::Unsigned(n) => Some(Some(n)),
-            Number::Negative(_) | Number::Float(_) => None,
-        }
+        self.reader.unsigned().ok().map(Some)
     }
 
     /// The object at the next token, entry by entry: each key `field` knows (it gives the key's
@@ -604,6 +594,26 @@ impl<'de> Reader<'de> {
         }
     }
 
+    /// Whether the next token is `null`, consumed if it is (anything else is left to read).
+    fn null(&mut self) -> Result<bool, GiveUp> {
+        if self.peek()? != b'n' {
+            return Ok(false);
+        }
+        self.literal("null").map(|()| true)
+    }
+
+    /// The non-negative integer at the next token, as `u64` is read: a minus sign gives up,
+    /// whatever follows it.
+    fn unsigned(&mut self) -> Result<u64, GiveUp> {
+        if self.peek()? == b'-' {
+            return Err(GiveUp);
+        }
+        match self.number()? {
+            Number::Unsigned(n) => Ok(n),
+            Number::Negative(_) | Number::Float(_) => Err(GiveUp),
+        }
+    }
+
     /// An object's key at the next token (a string: `string` refuses anything else) and the colon
     /// after it.
     fn key(&mut self) -> Result<Cow<'de, str>, GiveUp> {
@@ -681,18 +691,11 @@ impl<'de> de::Deserializer<'de> for &mut Reader<'de> {
     }
 
     fn deserialize_u64<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, GiveUp> {
-        if self.peek()? == b'-' {
-            return Err(GiveUp);
-        }
-        match self.number()? {
-            Number::Unsigned(n) => visitor.visit_u64(n),
-            Number::Negative(_) | Number::Float(_) => Err(GiveUp),
-        }
+        visitor.visit_u64(self.unsigned()?)
     }
 
     fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, GiveUp> {
-        if self.peek()? == b'n' {
-            self.literal("null")?;
+        if self.null()? {
             visitor.visit_none()
         } else {
             visitor.visit_some(self)
