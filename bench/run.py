@@ -54,6 +54,7 @@ import resource
 import secrets
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -1068,11 +1069,8 @@ def target_rounds(work, points, rounds=TARGET_ROUNDS, seconds=None):
         DURATION = saved
 
     def median(rows, key):
-        values = sorted(r[key] for r in rows if r[key] is not None)
-        if not values:
-            return None
-        middle = len(values) // 2
-        return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+        values = [r[key] for r in rows if r[key] is not None]
+        return statistics.median(values) if values else None
 
     stolen = [r["stolen"] for rows in runs.values() for r in rows]
     return {"rounds": rounds, "seconds": seconds, "runs": runs,
