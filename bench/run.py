@@ -1033,8 +1033,7 @@ def paired_routewise(url, pid, script_dir, rounds=3):
                   f"cpu {r['cpu_us_per_request']:.1f} us/req", flush=True)
 
     def median(name, key):
-        values = sorted(r[key] for r in runs[name])
-        return values[len(values) // 2]
+        return statistics.median(r[key] for r in runs[name])
 
     return {"rounds": rounds, "runs": runs,
             "rps_ratio": median("routewise", "rps") / median("fixed", "rps"),
