@@ -16,11 +16,16 @@ same mock, as in bench/run.py) as one more "build" in the same rounds, the issue
 `target/strategies`), as in bench/run.py, whose mock, config and wrk driver it reuses; the first
 build also runs the mock. Extra environment for every gateway: `--gateway-env K=V,K=V`
 (e.g. `SWITCHYARD_WORKER_THREADS=1`).
+`--warm-up LABEL=SECONDS[,LABEL=SECONDS]` loads those builds first (non-streaming and streaming
+requests to every model in `--models`, 32 clients, in turns of 10 s), so that one gateway can be
+measured after serving a long run beside a fresh one: the same binary twice, one of them warmed up,
+says what the state a gateway builds up (its request log, its heap) costs a request.
 """
 import shutil
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -42,16 +47,36 @@ def thread_cpu(pid):
     return out
 
 
+def warm(gateway, models, seconds, work):
+    """Turns of 10 s of non-streaming and streaming requests to each model, until `seconds` have
+    gone; prints the requests each turn served."""
+    port, pid = gateway
+    saved, run.DURATION = run.DURATION, 10
+    try:
+        deadline, served = time.monotonic() + seconds, 0
+        while time.monotonic() < deadline:
+            for model in models:
+                for stream in (False, True):
+                    out = run.wrk_cpu(f"http://127.0.0.1:{port}/v1/chat/completions",
+                                      run.body(f"bench-{model}", stream), 32, work, pid)
+                    served += out["requests"]
+        print(f"warm-up: port {port} served {served} requests in {seconds:.0f} s", flush=True)
+    finally:
+        run.DURATION = saved
+
+
 def main():
     # `label=path` arguments, except the value of `--gateway-env`.
     builds = [a.split("=", 1) for i, a in enumerate(sys.argv[1:], 1)
-              if "=" in a and not a.startswith("-") and sys.argv[i - 1] != "--gateway-env"]
+              if "=" in a and not a.startswith("-") and sys.argv[i - 1] not in ("--gateway-env", "--warm-up")]
     if not builds:
         sys.exit(__doc__)
     models = run.arg("--models", "fixed,routewise").split(",")
     rounds, clients = run.arg("--rounds", 4), run.arg("--clients", 32)
     run.DURATION = run.arg("--seconds", 5)
     gateway_env = dict(kv.split("=", 1) for kv in run.arg("--gateway-env", "").split(",") if kv)
+    warm_up = {label: float(s) for label, s in
+               (kv.split("=", 1) for kv in run.arg("--warm-up", "").split(",") if kv)}
     port_base = run.arg("--port-base", 19801)
     run.PORTS["mock"] = port_base
     run.ensure_tools(redis=False)
@@ -75,6 +100,8 @@ def main():
             gateway = run.start_gateway(binary, work, label, port, dict(env, **gateway_env))
             procs.append(gateway)
             gateways[label] = (port, gateway.pid)
+        for label, seconds in warm_up.items():
+            warm(gateways[label], models, seconds, work)
         results, threads = {}, {}
         for r in range(rounds):
             for label, (port, pid) in gateways.items():

@@ -161,14 +161,17 @@ impl Admission {
 }
 
 /// A whole JSON answer whose request's bookkeeping, `after`, runs once it is written (see
-/// [`AnsweredBody`]), in the request's span: its access line names the request.
+/// [`AnsweredBody`]), in the request's scope: its access line names the request.
 fn answered(
     body: bytes::Bytes,
     rate_headers: Option<rate_limit::RateHeaders>,
     after: impl FnOnce() + Send + Unpin + 'static,
 ) -> Response {
-    let span = tracing::Span::current();
-    let after = move || span.in_scope(after);
+    let scope = crate::telemetry::request_id::current_scope();
+    let after = move || match scope {
+        Some(scope) => scope.run(after),
+        None => after(),
+    };
     let mut response = Response::new(Body::new(AnsweredBody::new(body, after)));
     let h = response.headers_mut();
     h.insert(

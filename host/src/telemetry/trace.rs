@@ -285,7 +285,7 @@ impl RequestTrace {
     }
 
     /// The model the client asked for: names the span (`chat <model>`, as the GenAI conventions
-    /// name it) and writes the trace and span ids on the request's log span, so that every JSON
+    /// name it) and records the trace and span ids in the request's scope, so that every JSON
     /// log line of the request can be joined with its trace.
     pub fn model(&self, model: &str) {
         if !self.on() {
@@ -300,9 +300,10 @@ impl RequestTrace {
         let cx = self.span.context();
         let span = cx.span();
         let ids = span.span_context();
-        let log_span = tracing::Span::current();
-        log_span.record("trace_id", tracing::field::display(ids.trace_id()));
-        log_span.record("span_id", tracing::field::display(ids.span_id()));
+        super::request_id::record_trace(super::request_id::TraceIds {
+            trace_id: ids.trace_id().to_string(),
+            span_id: ids.span_id().to_string(),
+        });
     }
 
     /// The routing decision: the strategy (name and version), the order it put the upstreams in
