@@ -20,6 +20,8 @@ build also runs the mock. Extra environment for every gateway: `--gateway-env K=
 requests to every model in `--models`, 32 clients, in turns of 10 s), so that one gateway can be
 measured after serving a long run beside a fresh one: the same binary twice, one of them warmed up,
 says what the state a gateway builds up (its request log, its heap) costs a request.
+`--restart-warmed` then restarts the warmed gateways on the same files before the rounds: what
+is left of the difference is the request log's, not the process's.
 """
 import shutil
 import statistics
@@ -102,6 +104,14 @@ def main():
             gateways[label] = (port, gateway.pid)
         for label, seconds in warm_up.items():
             warm(gateways[label], models, seconds, work)
+            if "--restart-warmed" in sys.argv:
+                binary = dict(builds)[label]
+                old = next(p for p in procs if p.pid == gateways[label][1])
+                run.stop_processes([old])
+                procs.remove(old)
+                gateway = run.start_gateway(binary, work, label, gateways[label][0], dict(env, **gateway_env))
+                procs.append(gateway)
+                gateways[label] = (gateways[label][0], gateway.pid)
         results, threads = {}, {}
         for r in range(rounds):
             for label, (port, pid) in gateways.items():

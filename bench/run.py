@@ -73,7 +73,7 @@ IDLE_STREAMS = 10_000
 COMPLETION_TOKENS = 16
 PORTS = {"mock": 19101, "nginx": 19102, "switchyard": 19103, "slow_mock": 19104, "switchyard_one_thread": 19105,
          "switchyard_idle": 19106, "switchyard_fleet": 19107, "switchyard_shared": 19108, "portkey": 19109,
-         "litellm": 19110}
+         "litellm": 19110, "switchyard_pair_default": 19111, "switchyard_pair_one_thread": 19112}
 # `--port-base N` moves every port by the same offset (another benchmark may hold the defaults).
 if "--port-base" in sys.argv:
     _offset = int(sys.argv[sys.argv.index("--port-base") + 1]) - PORTS["mock"]
@@ -960,11 +960,23 @@ def main():
             stop_group(groups.pop())
         extra["routewise_pairs"] = paired_routewise(gw_url + chat, gw.pid, work)
         nginx_url = f"http://127.0.0.1:{PORTS['nginx']}"
-        one_url = f"http://127.0.0.1:{PORTS['switchyard_one_thread']}"
+        # The default-against-one-thread target compares two configurations, so both sides start
+        # here, fresh, and serve only the target rounds: the default gateway above has served every
+        # table (millions of requests), and a gateway that has measured 2-5 % dearer a request
+        # than a fresh one of the same build (`bench/ab.py --warm-up`), which is not what the
+        # configuration costs. The CPU-against-nginx targets keep the long-served gateway.
+        pair_default = start_gateway(binary, work, "pair-default", PORTS["switchyard_pair_default"], env)
+        procs.append(pair_default)
+        pair_one = start_gateway(binary, work, "pair-one-thread", PORTS["switchyard_pair_one_thread"],
+                                 dict(env, SWITCHYARD_WORKER_THREADS=ONE_THREAD))
+        procs.append(pair_one)
+        pair_default_url = f"http://127.0.0.1:{PORTS['switchyard_pair_default']}"
+        one_url = f"http://127.0.0.1:{PORTS['switchyard_pair_one_thread']}"
         extra["target_rounds"] = target_rounds(work, [
             ("nginx", "json", 32, nginx_url + chat, "sim", "openai", nginx_workers),
             ("fixed", "json", 32, gw_url + chat, "bench-fixed", "openai", [gw.pid]),
-            ("fixed, one thread", "json", 32, one_url + chat, "bench-fixed", "openai", [gw_one_thread.pid]),
+            ("fixed, fresh", "json", 32, pair_default_url + chat, "bench-fixed", "openai", [pair_default.pid]),
+            ("fixed, fresh, one thread", "json", 32, one_url + chat, "bench-fixed", "openai", [pair_one.pid]),
             ("nginx stream", "stream", 32, nginx_url + chat, "sim", "openai", nginx_workers),
             ("fixed stream", "stream", 32, gw_url + chat, "bench-fixed", "openai", [gw.pid]),
             ("fixed stream anthropic→openai", "stream", 32, gw_url + messages, "bench-fixed", "anthropic",
@@ -1115,7 +1127,7 @@ def check_targets(results, extra):
             "translated_stream_cpu_vs_nginx": (cpu("stream fixed stream anthropic→openai c=32")
                                                / cpu("stream nginx stream c=32")),
             "added_p50_ms_c1": m["json fixed c=1"]["p50_ms"] - m["json direct c=1"]["p50_ms"],
-            "default_vs_one_thread_cpu": cpu("json fixed c=32") / cpu("json fixed, one thread c=32"),
+            "default_vs_one_thread_cpu": cpu("json fixed, fresh c=32") / cpu("json fixed, fresh, one thread c=32"),
         })
     higher_is_better = {"rps_vs_nginx_c32", "routewise_vs_fixed"}
     return {k: {"measured": v, "target": TARGETS[k],
@@ -1203,8 +1215,8 @@ def render(results, extra, measured=None, machine_name=None):
         "translated_stream_cpu_vs_nginx": ("CPU per relayed stream, translated, × nginx's (same stream)",
                                            "≤ {t:.1f}×", "{v:.2f}×"),
         "added_p50_ms_c1": ("added p50, 1 client", "≤ {t} ms", "{v:+.3f} ms"),
-        "default_vs_one_thread_cpu": ("CPU per request, default vs one thread, 32 clients", "≤ {t:.1f}×",
-                                      "{v:.2f}×"),
+        "default_vs_one_thread_cpu": ("CPU per request, default vs one thread, 32 clients (two gateways "
+                                      "started fresh for the target rounds)", "≤ {t:.1f}×", "{v:.2f}×"),
         "routewise_vs_fixed": ("routewise vs fixed throughput, 32 clients (median of 3 alternating pairs)",
                                "≥ {t}×", "{v:.2f}×"),
         "rss_idle_mib": ("RSS idle, first start (strategies compiled)", "< {t:.0f} MiB", "{v:.1f} MiB"),
