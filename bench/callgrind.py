@@ -22,7 +22,8 @@ What stays in is the writing of the window's own rows, a per-request cost; SQLit
 (every 1000 pages) lands in one window or another, which is why each phase is counted several
 times: the median is reported with the spread.
 
-Phases: non-streaming requests with `fixed`, `round_robin`, `routewise`; OpenAI streams (20
+Phases: non-streaming requests with `fixed`, `round_robin`, `routewise`, and with `fixed` for a
+40-turn (~32 KiB) conversation; OpenAI streams (20
 events) with `fixed`; Anthropic client to OpenAI upstream streams with `fixed`; Anthropic client
 to Anthropic upstream streams. `--phases stream,Anthropic` keeps the phases whose names contain
 one of the words (`--phases "stream, fixed|Anthropic"`, split on `|`, keeps the three streams only). Prints a table of
@@ -49,6 +50,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run as bench  # noqa: E402  (shares build, config and request bodies with the suite)
 
 ROOT = bench.ROOT
+
+
+def long_conversation():
+    """A chat body of 40 alternating turns of ~800 bytes each (~32 KiB), for `fixed`."""
+    turn = "The quick brown fox jumps over the lazy dog, again and again. " * 13
+    messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"{i}: {turn}"} for i in range(40)]
+    return json.dumps({"model": "bench-fixed", "messages": messages})
+
+
 def arg(name, default):
     if name in sys.argv:
         return sys.argv[sys.argv.index(name) + 1]
@@ -234,6 +244,9 @@ def main():
             ("non-streaming, fixed", "/v1/chat/completions", bench.body("bench-fixed"), json_headers),
             ("non-streaming, round_robin", "/v1/chat/completions", bench.body("bench-round_robin"), json_headers),
             ("non-streaming, routewise", "/v1/chat/completions", bench.body("bench-routewise"), json_headers),
+            # A conversation of 40 turns (~32 KiB): what grows with the body (its reading, copies).
+            ("non-streaming, fixed, 32 KiB conversation", "/v1/chat/completions", long_conversation(),
+             json_headers),
             # `fixed` through a route whose rate-limit plugin never refuses: the check's cost.
             ("non-streaming, fixed, rate-limited", "/limited/v1/chat/completions", bench.body("bench-fixed"),
              json_headers),

@@ -8,7 +8,7 @@ mod stream;
 
 pub use request::{
     DEFAULT_MAX_TOKENS, build_request, parse_count_tokens_request, parse_request,
-    parse_request_within,
+    parse_request_fields, parse_request_within,
 };
 pub use response::{build_response, parse_response, scan_response};
 pub use stream::{StreamDecoder, StreamEncoder, is_plain_delta};

@@ -1,7 +1,7 @@
 //! A chat request as it arrived, ready for any upstream.
 
 use super::Dialect;
-use super::ir;
+use super::{ir, json};
 
 /// A chat request as it arrived: its dialect, its IR, and the body's bytes, which upstreams of the
 /// same dialect get nearly verbatim.
@@ -14,6 +14,9 @@ pub struct Inbound {
     /// it, and a pass-through upstream body is written from their top-level fields); empty when
     /// no upstream speaks the client's dialect.
     pub body: bytes::Bytes,
+    /// Where `body`'s top-level entries are, when its parse recorded them (see
+    /// [`json::BodyFields`]); `None` makes a pass-through body read them from `body` again.
+    pub fields: Option<json::BodyFields>,
     /// The gateway's estimate of the prompt's tokens.
     pub prompt_tokens: u32,
 }
@@ -27,6 +30,7 @@ impl Inbound {
         dialect: Dialect,
         mut request: ir::Request,
         body: bytes::Bytes,
+        fields: Option<json::BodyFields>,
         upstreams: impl IntoIterator<Item = Dialect>,
     ) -> Self {
         let prompt_tokens = request.prompt_token_estimate();
@@ -45,6 +49,7 @@ impl Inbound {
             dialect,
             request,
             body: if same { body } else { bytes::Bytes::new() },
+            fields: if same { fields } else { None },
             prompt_tokens,
         }
     }

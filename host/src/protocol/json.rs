@@ -27,6 +27,28 @@ pub fn push(out: &mut Vec<u8>, value: &(impl serde::Serialize + ?Sized)) {
     let _ = serde_json::to_writer(out, value);
 }
 
+/// Appends `text` as a JSON string, as [`push`] writes it. A string with nothing to escape (nearly
+/// every key, model name and id) is copied between its quotes; only one with escapes goes through
+/// `serde_json`'s escaper, which looks every byte up in its table (~65 instructions a short
+/// string, where this is ~20).
+pub fn push_str(out: &mut Vec<u8>, text: &str) {
+    let bytes = text.as_bytes();
+    if scan::plain_run(bytes, 0) == bytes.len() {
+        out.reserve(bytes.len() + 2);
+        out.push(b'"');
+        out.extend_from_slice(bytes);
+        out.push(b'"');
+    } else {
+        push(out, text);
+    }
+}
+
+/// Appends `prefix`, then `text` as a JSON string ([`push_str`]).
+pub fn push_str_entry(out: &mut Vec<u8>, prefix: &str, text: &str) {
+    out.extend_from_slice(prefix.as_bytes());
+    push_str(out, text);
+}
+
 /// Appends `prefix`, then `value` as JSON: how a record with known keys is written, each key a
 /// constant in its prefix (`{"key":`, `,"key":`) instead of going through `serde_json`'s escaper
 /// as a derived `Serialize` sends it, on every call.
@@ -136,6 +158,9 @@ pub struct Lazy<'a> {
     /// is not an object.
     top: Value,
     list: Option<Vec<&'a str>>,
+    /// The top-level entries where they are in the body, when the scan's reader read it (not
+    /// `serde_json`).
+    fields: Option<BodyFields>,
     list_key: &'static str,
     budget: Budget,
 }
@@ -149,10 +174,11 @@ impl<'a> Lazy<'a> {
         limits: Limits,
     ) -> Result<Self, ProtocolError> {
         let budget = Budget::new(limits);
-        if let Some((top, list)) = read_body_fast(bytes, list_key, &budget) {
+        if let Some((top, list, fields)) = read_body_fast(bytes, list_key, &budget) {
             return Ok(Self {
                 top,
                 list,
+                fields: Some(fields),
                 list_key,
                 budget,
             });
@@ -171,9 +197,15 @@ impl<'a> Lazy<'a> {
         Ok(Self {
             top,
             list: list.map(|entries| entries.into_iter().map(RawValue::get).collect()),
+            fields: None,
             list_key,
             budget,
         })
+    }
+
+    /// Where the body's top-level entries are in it, when its reading recorded them.
+    pub fn take_fields(&mut self) -> Option<BodyFields> {
+        self.fields.take()
     }
 
     /// The body, which must be an object. Its message list is absent when it was an array (read
@@ -231,7 +263,7 @@ fn read_body_fast<'a>(
     bytes: &'a [u8],
     list_key: &str,
     budget: &Budget,
-) -> Option<(Value, Option<Vec<&'a str>>)> {
+) -> Option<(Value, Option<Vec<&'a str>>, BodyFields)> {
     let mut pull = scan::Pull::new(bytes)?;
     let value = || ValueSeed {
         budget,
@@ -241,9 +273,17 @@ fn read_body_fast<'a>(
     pull.open(b'{')?;
     let mut top = Map::new();
     let mut list = None;
+    let mut fields = Vec::with_capacity(8);
     let mut first = true;
     while pull.more(b'}', &mut first)? {
+        let key_at = pull.position();
         let key = pull.key()?;
+        let field_key = match &key {
+            // No escapes: the key is the text between its quotes.
+            Cow::Borrowed(text) => FieldKey::At(key_at + 1..key_at + 1 + text.len()),
+            Cow::Owned(decoded) => FieldKey::Decoded(decoded.clone()),
+        };
+        let value_at = pull.position();
         if key != list_key {
             let v = pull.seed(value())?;
             top.insert(key.into_owned(), v);
@@ -266,9 +306,43 @@ fn read_body_fast<'a>(
             list = None;
             top.insert(key.into_owned(), v);
         }
+        fields.push((field_key, value_at..pull.offset()));
     }
     pull.close(b'}')?;
-    pull.end((Value::Object(top), list))
+    pull.end((Value::Object(top), list, BodyFields(fields)))
+}
+
+/// A request body's top-level entries, in order and repeats included, as places in the body: what
+/// a pass-through upstream body is written from (`upstream::request`), recorded while the body was
+/// parsed so that it is not read a second time (for a 100-byte body that second reading was
+/// ~2,000 instructions; it grows with the body).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BodyFields(Vec<(FieldKey, std::ops::Range<usize>)>);
+
+/// A top-level key: where it is in the body when it has no escapes, else decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FieldKey {
+    At(std::ops::Range<usize>),
+    Decoded(String),
+}
+
+impl BodyFields {
+    /// Each entry's key (decoded) and value's text, read off `body`, the body they were recorded
+    /// from; `None` if they do not fit it (a different body).
+    pub fn entries<'b>(&self, body: &'b [u8]) -> Option<Vec<(Cow<'b, str>, &'b [u8])>> {
+        self.0
+            .iter()
+            .map(|(key, value)| {
+                let key = match key {
+                    FieldKey::At(at) => {
+                        Cow::Borrowed(std::str::from_utf8(body.get(at.clone())?).ok()?)
+                    }
+                    FieldKey::Decoded(decoded) => Cow::Owned(decoded.clone()),
+                };
+                Some((key, body.get(value.clone())?))
+            })
+            .collect()
+    }
 }
 
 /// Reads the body object: every field a value, except an array at `list_key`, kept unparsed.
@@ -792,6 +866,65 @@ pub fn extra(body: &Map<String, Value>, modeled: &[&str]) -> Map<String, Value> 
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// The entries a body's parse records are the ones a reading of the body alone finds: keys
+    /// decoded (escaped or not), values' text as written, repeats and the message list included,
+    /// whatever the whitespace.
+    #[test]
+    fn recorded_fields_are_the_bodys_top_level_entries() {
+        let bodies = [
+            r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#,
+            " {\n \"mo\\u0064el\" :\t\"m\" , \"messages\" : [ ] , \"x\":{\"a\":[1,2,{\"b\":null}]}, \"n\": -1.5e3 ,\"model\":\"m2\" }\n",
+            r#"{"messages":{"not":"a list"},"stream":true,"model":"caf\u00e9"}"#,
+        ];
+        for body in bodies {
+            let mut lazy = Lazy::parse(body.as_bytes(), "messages", Limits::default()).expect(body);
+            let fields = lazy.take_fields().expect("the scan's reader read it");
+            let recorded = fields.entries(body.as_bytes()).expect("fits");
+            let scanned = scan::object_entries(body.as_bytes()).expect("reads");
+            assert_eq!(recorded.len(), scanned.len(), "{body}");
+            for ((key, value), (want_key, want_value)) in recorded.iter().zip(&scanned) {
+                assert_eq!(key, want_key, "{body}");
+                assert_eq!(*value, want_value.as_bytes(), "{body}");
+            }
+        }
+        // Another body's bytes do not fit them.
+        let mut lazy = Lazy::parse(
+            br#"{"model":"a-long-model-name"}"#,
+            "messages",
+            Limits::default(),
+        )
+        .expect("parses");
+        let fields = lazy.take_fields().expect("recorded");
+        assert!(fields.entries(b"{}").is_none());
+    }
+
+    /// The plain-string shortcut writes what `serde_json` writes, at every length around its
+    /// eight-byte steps and with each byte that must be escaped at each place.
+    #[test]
+    fn strings_are_pushed_as_serde_json_writes_them() {
+        let mut cases = vec![
+            String::new(),
+            "caf\u{e9} \u{1f600}".into(),
+            "del\u{7f}".into(),
+        ];
+        for len in 0..20 {
+            let plain: String = "abcdefghijklmnopqrstuvwxyz".chars().take(len).collect();
+            cases.push(plain.clone());
+            for stop in ['"', '\\', '\n', '\u{0}', '\u{1f}'] {
+                for at in 0..=len {
+                    let mut text = plain.clone();
+                    text.insert(at, stop);
+                    cases.push(text);
+                }
+            }
+        }
+        for text in cases {
+            let mut out = b"[".to_vec();
+            push_str(&mut out, &text);
+            assert_eq!(out[1..], serde_json::to_vec(&text).unwrap()[..], "{text:?}");
+        }
+    }
 
     /// The key filter only ever skips a search that would find nothing: over maps of every size
     /// around [`FILTERED_KEYS`], each key is found as the map finds it, and so is each key it

@@ -101,6 +101,20 @@ impl Dialect {
         }
     }
 
+    /// [`Dialect::parse_request_within`], with where the body's top-level entries are (when its
+    /// reader recorded them), for [`Inbound`](inbound::Inbound) to write a pass-through body from.
+    pub fn parse_request_fields(
+        self,
+        body: &[u8],
+        limits: json::Limits,
+    ) -> Result<(ir::Request, Option<json::BodyFields>), ProtocolError> {
+        match self {
+            Dialect::OpenAiChat => openai_chat::parse_request_fields(body, limits),
+            Dialect::OpenAiResponses => openai_responses::parse_request_fields(body, limits),
+            Dialect::AnthropicMessages => anthropic_messages::parse_request_fields(body, limits),
+        }
+    }
+
     /// The request body for an upstream of this dialect, naming `provider_model_id`.
     pub fn build_request(self, request: &ir::Request, provider_model_id: &str) -> Vec<u8> {
         match self {

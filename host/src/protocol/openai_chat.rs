@@ -10,7 +10,9 @@ mod request;
 mod response;
 mod stream;
 
-pub use request::{build_request, empty_schema, parse_request, parse_request_within};
+pub use request::{
+    build_request, empty_schema, parse_request, parse_request_fields, parse_request_within,
+};
 pub use response::{build_response, parse_response, scan_response};
 #[cfg(test)]
 pub(crate) use response::{pull_response, scan_by_fields};

@@ -10,7 +10,7 @@ mod request;
 mod response;
 mod stream;
 
-pub use request::{build_request, parse_request, parse_request_within};
+pub use request::{build_request, parse_request, parse_request_fields, parse_request_within};
 pub use response::{build_response, parse_response, scan_response};
 pub use stream::{StreamDecoder, StreamEncoder};
 

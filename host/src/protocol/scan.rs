@@ -20,7 +20,7 @@ use super::ir::Usage;
 
 mod reader;
 
-pub(crate) use reader::{Pull, object_entries, string_at};
+pub(crate) use reader::{Pull, object_entries, plain_run, string_at};
 
 /// What a relayed answer tells the gateway.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

@@ -135,6 +135,7 @@ pub async fn probe(client: &UpstreamClient, route: &ModelUpstream) -> (Observati
         dialect,
         request,
         body,
+        fields: None,
         prompt_tokens: prompt_estimate,
     };
     let started = Instant::now();

@@ -187,14 +187,21 @@ impl Decision<'_> {
     /// the constants they are (the derive sends each through `serde_json`'s escaper, on every
     /// request) and each value by `serde_json`.
     pub fn to_json(&self) -> String {
-        use crate::protocol::json::push_entry;
+        use crate::protocol::json::{push_entry, push_str, push_str_entry};
         let mut out =
             Vec::with_capacity(64 + self.order.iter().map(|o| o.len() + 3).sum::<usize>());
-        push_entry(&mut out, "{\"strategy\":", self.strategy);
-        push_entry(&mut out, ",\"order\":", &self.order);
+        push_str_entry(&mut out, "{\"strategy\":", self.strategy);
+        out.extend_from_slice(b",\"order\":[");
+        for (i, endpoint) in self.order.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            push_str(&mut out, endpoint);
+        }
+        out.push(b']');
         push_entry(&mut out, ",\"seed\":", &self.seed);
         if let Some(error) = self.strategy_error {
-            push_entry(&mut out, ",\"strategy_error\":", error);
+            push_str_entry(&mut out, ",\"strategy_error\":", error);
         }
         out.push(b'}');
         // Only JSON text went in.

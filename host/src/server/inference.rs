@@ -607,15 +607,15 @@ async fn serve_chat(
     // The IR is read from the body without a tree of the whole of it, within the configured
     // limits; `Inbound::new` keeps the bytes for upstreams of the same dialect, which get them
     // nearly verbatim, and the IR's messages for the others.
-    let request = dialect
-        .parse_request_within(&body, gateway.config.server.request_limits)
+    let (request, fields) = dialect
+        .parse_request_fields(&body, gateway.config.server.request_limits)
         .map_err(|e| GatewayError::InvalidBody(e.to_string()))?;
     trace.model(&request.model);
     let model = published_model(gateway, &request.model, &admission.principal).await?;
     let (caller, pin) = caller_and_pin(gateway, admission, extensions, headers);
     let modalities = request.modalities();
     let upstreams = model.upstreams().iter().map(|u| upstream_dialect(u.kind));
-    let inbound = Inbound::new(dialect, request, body, upstreams);
+    let inbound = Inbound::new(dialect, request, body, fields, upstreams);
     let facts = RequestFacts {
         prompt_tokens: inbound.prompt_tokens,
         max_tokens: inbound.request.max_output_tokens,

@@ -56,7 +56,11 @@ pub(super) fn chat_body(inbound: &Inbound, upstream: &ModelUpstream, dialect: Di
     // The top-level fields as slices of the client's bytes: the upstream body is written straight
     // from the client's, with no tree of it in between. The scan's reader finds them; where it
     // gives up (a body nested deeper than it follows, say), `serde_json` does.
-    let fields = scan::object_entries(&inbound.body).or_else(|| raw_fields(&inbound.body));
+    let recorded = inbound.fields.as_ref();
+    let fields = recorded
+        .and_then(|fields| fields.entries(&inbound.body))
+        .or_else(|| scan::object_entries(&inbound.body).map(as_bytes))
+        .or_else(|| raw_fields(&inbound.body).map(as_bytes));
     let Some(fields) = fields else {
         // Unreachable for a parsed request (its body is a JSON object); the IR is then the source.
         return dialect.build_request(&inbound.request, &upstream.provider_model_id);
@@ -82,12 +86,17 @@ fn raw_fields(body: &[u8]) -> Option<Vec<(Cow<'_, str>, &str)>> {
     )
 }
 
+/// Entries with their values' text as bytes, as [`json::BodyFields::entries`] gives them.
+fn as_bytes<'b>(fields: Vec<(Cow<'b, str>, &'b str)>) -> Vec<(Cow<'b, str>, &'b [u8])> {
+    fields.into_iter().map(|(k, v)| (k, v.as_bytes())).collect()
+}
+
 /// Writes a client's top-level `fields` (each value as its JSON text) as an upstream body: in key
 /// order with the last of a repeated key winning, as a parsed object would have them; the model
 /// swapped for `model`; `stream_options.include_usage` added when asked for. `size` is the
 /// client body's: the output is sized for it up front, as doubling would copy it several times.
 fn pass_through(
-    mut fields: Vec<(Cow<'_, str>, &str)>,
+    mut fields: Vec<(Cow<'_, str>, &[u8])>,
     model: &str,
     include_usage: bool,
     size: usize,
@@ -101,7 +110,7 @@ fn pass_through(
         if out.len() > 1 {
             out.push(b',');
         }
-        json::push(out, key);
+        json::push_str(out, key);
         out.push(b':');
     };
     let (mut has_model, mut has_options) = (false, false);
@@ -113,22 +122,22 @@ fn pass_through(
         match key.as_ref() {
             "model" => {
                 has_model = true;
-                json::push(&mut out, model);
+                json::push_str(&mut out, model);
             }
             "stream_options" if include_usage => {
                 has_options = true;
                 // Not an object (not usable as the client sent it): options of our own.
                 let options =
-                    serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(raw)
+                    serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(raw)
                         .unwrap_or_default();
                 json::push(&mut out, &WithIncludeUsage(&options));
             }
-            _ => out.extend_from_slice(raw.as_bytes()),
+            _ => out.extend_from_slice(raw),
         }
     }
     if !has_model {
         start(&mut out, "model");
-        json::push(&mut out, model);
+        json::push_str(&mut out, model);
     }
     if include_usage && !has_options {
         start(&mut out, "stream_options");
@@ -207,14 +216,30 @@ impl serde::Serialize for WithIncludeUsage<'_> {
 mod tests {
     use super::*;
 
+    /// Where the request's parse found the body's top-level entries (as `Inbound` keeps them).
+    fn recorded(body: &[u8]) -> Vec<(Cow<'_, str>, &[u8])> {
+        let (_, fields) = crate::protocol::Dialect::OpenAiChat
+            .parse_request_fields(body, json::Limits::default())
+            .expect("parses");
+        fields
+            .expect("the scan's reader read it")
+            .entries(body)
+            .expect("fits its body")
+    }
+
     #[test]
     fn a_repeated_key_is_written_once_with_its_last_value() {
-        let body = br#"{ "model" : "a", "temperature":1, "model":"b", "temperature" : 0.5 }"#;
-        for fields in [scan::object_entries(body), raw_fields(body)] {
+        let body = br#"{ "model" : "a", "temperature":1, "model":"b", "temperature" : 0.5, "messages":[{"role":"user","content":"hi"}] }"#;
+        let read = [
+            scan::object_entries(body).map(as_bytes),
+            raw_fields(body).map(as_bytes),
+            Some(recorded(body)),
+        ];
+        for fields in read {
             let out = pass_through(fields.expect("read"), "up", false, body.len());
             assert_eq!(
                 std::str::from_utf8(&out).expect("UTF-8"),
-                r#"{"model":"up","temperature":0.5}"#
+                r#"{"messages":[{"role":"user","content":"hi"}],"model":"up","temperature":0.5}"#
             );
         }
     }
@@ -237,18 +262,23 @@ mod tests {
             // for byte with each other.
             let bytes = serde_json::to_vec(&map).expect("serialises");
             let by_reader = pass_through(
-                scan::object_entries(&bytes).expect("read"),
+                as_bytes(scan::object_entries(&bytes).expect("read")),
                 "up/model",
                 include_usage,
                 bytes.len(),
             );
             let by_serde_json = pass_through(
-                raw_fields(&bytes).expect("read"),
+                as_bytes(raw_fields(&bytes).expect("read")),
                 "up/model",
                 include_usage,
                 bytes.len(),
             );
             assert_eq!(by_reader, by_serde_json);
+            if map.contains_key("messages") {
+                let by_parse =
+                    pass_through(recorded(&bytes), "up/model", include_usage, bytes.len());
+                assert_eq!(by_reader, by_parse);
+            }
             assert_eq!(
                 serde_json::from_slice::<serde_json::Value>(&by_reader).expect("valid JSON"),
                 out

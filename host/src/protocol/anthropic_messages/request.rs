@@ -38,16 +38,29 @@ pub fn parse_request(bytes: &[u8]) -> Result<Request, ProtocolError> {
 
 /// [`parse_request`] within `limits`, which are checked as the body is read.
 pub fn parse_request_within(bytes: &[u8], limits: Limits) -> Result<Request, ProtocolError> {
+    parse(bytes, limits, true).map(|(request, _)| request)
+}
+
+/// [`parse_request_within`], with where the body's top-level entries are (when its reader
+/// recorded them), for a pass-through upstream body.
+pub fn parse_request_fields(
+    bytes: &[u8],
+    limits: Limits,
+) -> Result<(Request, Option<json::BodyFields>), ProtocolError> {
     parse(bytes, limits, true)
 }
 
 /// A `count_tokens` body: a Messages body that needs no `max_tokens`.
 pub fn parse_count_tokens_request(bytes: &[u8], limits: Limits) -> Result<Request, ProtocolError> {
-    parse(bytes, limits, false)
+    parse(bytes, limits, false).map(|(request, _)| request)
 }
 
-fn parse(bytes: &[u8], limits: Limits, needs_max_tokens: bool) -> Result<Request, ProtocolError> {
-    let lazy = json::Lazy::parse(bytes, "messages", limits)?;
+fn parse(
+    bytes: &[u8],
+    limits: Limits,
+    needs_max_tokens: bool,
+) -> Result<(Request, Option<json::BodyFields>), ProtocolError> {
+    let mut lazy = json::Lazy::parse(bytes, "messages", limits)?;
     let body = lazy.body()?;
     let model = body.req_str("model")?;
     let max_tokens = match body.u32("max_tokens")? {
@@ -128,7 +141,7 @@ fn parse(bytes: &[u8], limits: Limits, needs_max_tokens: bool) -> Result<Request
             _ => {}
         }
     }
-    Ok(r)
+    Ok((r, lazy.take_fields()))
 }
 
 fn system(body: &Obj) -> Result<Option<Message>, ProtocolError> {

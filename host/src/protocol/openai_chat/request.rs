@@ -42,7 +42,16 @@ pub fn parse_request(bytes: &[u8]) -> Result<Request, ProtocolError> {
 
 /// [`parse_request`] within `limits`, which are checked as the body is read.
 pub fn parse_request_within(bytes: &[u8], limits: Limits) -> Result<Request, ProtocolError> {
-    let lazy = json::Lazy::parse(bytes, "messages", limits)?;
+    parse_request_fields(bytes, limits).map(|(request, _)| request)
+}
+
+/// [`parse_request_within`], with where the body's top-level entries are (when its reader
+/// recorded them), for a pass-through upstream body.
+pub fn parse_request_fields(
+    bytes: &[u8],
+    limits: Limits,
+) -> Result<(Request, Option<json::BodyFields>), ProtocolError> {
+    let mut lazy = json::Lazy::parse(bytes, "messages", limits)?;
     let body = lazy.body()?;
     let model = body.req_str("model")?;
     let count = match lazy.list_len() {
@@ -92,7 +101,7 @@ pub fn parse_request_within(bytes: &[u8], limits: Limits) -> Result<Request, Pro
     r.user = body.str("user")?.map(str::to_owned);
     r.stream = body.bool("stream")?.unwrap_or(false);
     r.extra = json::extra(body.map, MODELED);
-    Ok(r)
+    Ok((r, lazy.take_fields()))
 }
 
 fn message(i: usize, v: &Value) -> Result<Message, ProtocolError> {

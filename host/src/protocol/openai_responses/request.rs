@@ -41,7 +41,16 @@ pub fn parse_request(bytes: &[u8]) -> Result<Request, ProtocolError> {
 
 /// [`parse_request`] within `limits`, which are checked as the body is read.
 pub fn parse_request_within(bytes: &[u8], limits: Limits) -> Result<Request, ProtocolError> {
-    let lazy = json::Lazy::parse(bytes, "input", limits)?;
+    parse_request_fields(bytes, limits).map(|(request, _)| request)
+}
+
+/// [`parse_request_within`], with where the body's top-level entries are (when its reader
+/// recorded them), for a pass-through upstream body.
+pub fn parse_request_fields(
+    bytes: &[u8],
+    limits: Limits,
+) -> Result<(Request, Option<json::BodyFields>), ProtocolError> {
+    let mut lazy = json::Lazy::parse(bytes, "input", limits)?;
     let body = lazy.body()?;
     let model = body.req_str("model")?;
     if body.has("previous_response_id") {
@@ -112,7 +121,7 @@ pub fn parse_request_within(bytes: &[u8], limits: Limits) -> Result<Request, Pro
     r.user = body.str("user")?.map(str::to_owned);
     r.stream = body.bool("stream")?.unwrap_or(false);
     r.extra = json::extra(body.map, MODELED);
-    Ok(r)
+    Ok((r, lazy.take_fields()))
 }
 
 /// Appends one input item: a message, or a function call / output / reasoning that joins the

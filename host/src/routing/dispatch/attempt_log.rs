@@ -194,17 +194,20 @@ pub fn summarize(records: &[AttemptRecord]) -> AttemptSummary {
 /// floats with non-finite ones as `null`). Derived, every key went through the string escaper
 /// and the struct machinery: 3,300 instructions for one record, on every request.
 fn attempts_json(records: &[AttemptRecord]) -> String {
-    use crate::protocol::json::push_entry as value;
+    use crate::protocol::json::{push_entry as value, push_str_entry as text};
     let mut out = Vec::with_capacity(records.len() * 320);
     out.push(b'[');
     for (i, r) in records.iter().enumerate() {
         if i > 0 {
             out.push(b',');
         }
-        value(&mut out, "{\"endpoint_id\":", &r.endpoint_id);
-        value(&mut out, ",\"provider\":", &r.provider);
+        text(&mut out, "{\"endpoint_id\":", &r.endpoint_id);
+        text(&mut out, ",\"provider\":", r.provider);
         value(&mut out, ",\"status\":", &r.status);
-        value(&mut out, ",\"error_type\":", &r.error_type);
+        match r.error_type {
+            Some(error_type) => text(&mut out, ",\"error_type\":", error_type),
+            None => out.extend_from_slice(b",\"error_type\":null"),
+        }
         value(&mut out, ",\"hedge\":", &r.hedge);
         value(&mut out, ",\"prompt_tokens\":", &r.prompt_tokens);
         value(&mut out, ",\"completion_tokens\":", &r.completion_tokens);
