@@ -321,25 +321,24 @@ pub struct BodyFields(Vec<(FieldKey, std::ops::Range<usize>)>);
 
 /// A top-level key: where it is in the body when it has no escapes, else decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum FieldKey {
+enum FieldKey {
     At(std::ops::Range<usize>),
     Decoded(String),
 }
 
 impl BodyFields {
     /// Each entry's key (decoded) and value's text, read off `body`, the body they were recorded
-    /// from; `None` if they do not fit it (a different body).
-    pub fn entries<'b>(&self, body: &'b [u8]) -> Option<Vec<(Cow<'b, str>, &'b [u8])>> {
+    /// from; `None` if they do not fit it (a different body). A key with escapes is borrowed from
+    /// the record, every other key and every value from the body.
+    pub fn entries<'k, 'b: 'k>(&'k self, body: &'b [u8]) -> Option<Vec<(Cow<'k, str>, &'b [u8])>> {
         self.0
             .iter()
             .map(|(key, value)| {
                 let key = match key {
-                    FieldKey::At(at) => {
-                        Cow::Borrowed(std::str::from_utf8(body.get(at.clone())?).ok()?)
-                    }
-                    FieldKey::Decoded(decoded) => Cow::Owned(decoded.clone()),
+                    FieldKey::At(at) => std::str::from_utf8(body.get(at.clone())?).ok()?,
+                    FieldKey::Decoded(decoded) => decoded.as_str(),
                 };
-                Some((key, body.get(value.clone())?))
+                Some((Cow::Borrowed(key), body.get(value.clone())?))
             })
             .collect()
     }

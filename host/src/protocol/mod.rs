@@ -94,11 +94,8 @@ impl Dialect {
         body: &[u8],
         limits: json::Limits,
     ) -> Result<ir::Request, ProtocolError> {
-        match self {
-            Dialect::OpenAiChat => openai_chat::parse_request_within(body, limits),
-            Dialect::OpenAiResponses => openai_responses::parse_request_within(body, limits),
-            Dialect::AnthropicMessages => anthropic_messages::parse_request_within(body, limits),
-        }
+        self.parse_request_fields(body, limits)
+            .map(|(request, _)| request)
     }
 
     /// [`Dialect::parse_request_within`], with where the body's top-level entries are (when its

@@ -54,10 +54,12 @@ pub(super) fn chat_body(inbound: &Inbound, upstream: &ModelUpstream, dialect: Di
         return dialect.build_request(&inbound.request, &upstream.provider_model_id);
     }
     // The top-level fields as slices of the client's bytes: the upstream body is written straight
-    // from the client's, with no tree of it in between. The scan's reader finds them; where it
-    // gives up (a body nested deeper than it follows, say), `serde_json` does.
-    let recorded = inbound.fields.as_ref();
-    let fields = recorded
+    // from the client's, with no tree of it in between. Where the request's parse recorded them
+    // they are read off the body; else the scan's reader finds them, and where it gives up (a
+    // body nested deeper than it follows, say), `serde_json` does.
+    let fields = inbound
+        .fields
+        .as_ref()
         .and_then(|fields| fields.entries(&inbound.body))
         .or_else(|| scan::object_entries(&inbound.body).map(as_bytes))
         .or_else(|| raw_fields(&inbound.body).map(as_bytes));
@@ -221,10 +223,13 @@ mod tests {
         let (_, fields) = crate::protocol::Dialect::OpenAiChat
             .parse_request_fields(body, json::Limits::default())
             .expect("parses");
-        fields
-            .expect("the scan's reader read it")
-            .entries(body)
-            .expect("fits its body")
+        let fields = fields.expect("the scan's reader read it");
+        let entries = fields.entries(body).expect("fits its body");
+        // The record ends here: its keys are kept as copies, the values are the body's.
+        entries
+            .into_iter()
+            .map(|(key, value)| (Cow::Owned(key.into_owned()), value))
+            .collect()
     }
 
     #[test]
