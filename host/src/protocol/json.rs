@@ -226,10 +226,40 @@ impl<'a> Lazy<'a> {
         &self,
         mut f: impl FnMut(usize, &Value) -> Result<(), ProtocolError>,
     ) -> Result<(), ProtocolError> {
+        self.each_entry(false, |i, entry| match entry {
+            Entry::Tree(v) => f(i, v).map(|()| true),
+            Entry::Plain(_) => Ok(false),
+        })
+    }
+
+    /// [`Lazy::each`], offering each entry that is a [`PlainMessage`] to `f` as one first: most
+    /// of a conversation is such messages, and reading one off the text costs its strings' copy
+    /// and nothing else, where a tree costs a map, its keys, a copy of each string and their
+    /// drop. `f` returns whether it took the entry; one it declines (a role it reads more of)
+    /// comes back as a tree, and so does every entry of another shape. Whatever `f` takes from
+    /// a plain message must equal what it makes of the same entry as a tree.
+    pub fn each_plain(
+        &self,
+        f: impl FnMut(usize, Entry<'_, 'a>) -> Result<bool, ProtocolError>,
+    ) -> Result<(), ProtocolError> {
+        self.each_entry(true, f)
+    }
+
+    fn each_entry(
+        &self,
+        offer_plain: bool,
+        mut f: impl FnMut(usize, Entry<'_, 'a>) -> Result<bool, ProtocolError>,
+    ) -> Result<(), ProtocolError> {
         let Some(list) = &self.list else {
             return Ok(());
         };
-        for (i, raw) in list.iter().enumerate() {
+        for (i, raw) in list.iter().copied().enumerate() {
+            if offer_plain
+                && let Some(plain) = PlainMessage::read(raw)
+                && f(i, Entry::Plain(plain))?
+            {
+                continue;
+            }
             let seed = || ValueSeed {
                 budget: &self.budget,
                 counted: false,
@@ -249,9 +279,63 @@ impl<'a> Lazy<'a> {
                         .map_err(|e| self.budget.error(e, self.list_key))?
                 }
             };
-            f(i, &entry)?;
+            f(i, Entry::Tree(&entry))?;
         }
         Ok(())
+    }
+}
+
+/// An entry of a request's message list, as [`Lazy::each_plain`] offers it.
+pub enum Entry<'v, 'a> {
+    /// A message of the most common shape, read off the body's text.
+    Plain(PlainMessage<'a>),
+    /// Any entry, parsed.
+    Tree(&'v Value),
+}
+
+/// A message that is an object of exactly a string `role`, a string `content` and, optionally, a
+/// string `name`, each once, in any order: the shape of nearly every turn of a conversation. Its
+/// strings are borrowed from the body when they hold no escapes.
+#[derive(Debug, PartialEq, Eq)]
+pub struct PlainMessage<'a> {
+    pub role: Cow<'a, str>,
+    pub content: Cow<'a, str>,
+    pub name: Option<Cow<'a, str>>,
+}
+
+impl<'a> PlainMessage<'a> {
+    /// `raw`, one entry's text as the body's reading judged it, when it has that shape; `None`
+    /// for any other (another key, a repeated one, a value of another type, `null` included).
+    pub(crate) fn read(raw: &'a str) -> Option<Self> {
+        const ROLE: u32 = 0;
+        const CONTENT: u32 = 1;
+        const NAME: u32 = 2;
+        const OTHER: u32 = 3;
+        let (mut role, mut content, mut name) = (None, None, None);
+        let mut pull = scan::Pull::of_str(raw);
+        pull.fields(
+            |key| match key {
+                "role" => Some(ROLE),
+                "content" => Some(CONTENT),
+                "name" => Some(NAME),
+                _ => Some(OTHER),
+            },
+            |pull, field| {
+                let slot = match field {
+                    ROLE => &mut role,
+                    CONTENT => &mut content,
+                    NAME => &mut name,
+                    _ => return None,
+                };
+                *slot = Some(pull.string()?);
+                Some(())
+            },
+        )?;
+        pull.end(PlainMessage {
+            role: role?,
+            content: content?,
+            name,
+        })
     }
 }
 
@@ -865,6 +949,38 @@ pub fn extra(body: &Map<String, Value>, modeled: &[&str]) -> Map<String, Value> 
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// A message of role, string content and string name, and only those, each once, is read off
+    /// its text (escapes decoded); any other shape is left to the tree.
+    #[test]
+    fn plain_messages_are_role_content_and_name_only() {
+        let plain = PlainMessage::read;
+        let read = plain(r#" { "content" : "a \"b\" \u00e9" , "role":"user", "name":"n" } "#)
+            .expect("plain");
+        assert_eq!(read.role, "user");
+        assert_eq!(read.content, "a \"b\" \u{e9}");
+        assert_eq!(read.name.as_deref(), Some("n"));
+        let read = plain(r#"{"role":"assistant","content":""}"#).expect("plain");
+        assert_eq!(
+            (&*read.role, &*read.content, read.name),
+            ("assistant", "", None)
+        );
+        for other in [
+            r#"{"role":"user"}"#,
+            r#"{"content":"x"}"#,
+            r#"{"role":"user","content":null}"#,
+            r#"{"role":"user","content":[{"type":"text","text":"x"}]}"#,
+            r#"{"role":"user","content":"x","name":null}"#,
+            r#"{"role":"user","content":"x","content":"y"}"#,
+            r#"{"role":"user","content":"x","cache":1}"#,
+            r#"{"role":"assistant","content":"x","tool_calls":[]}"#,
+            r#"{"role":7,"content":"x"}"#,
+            r#"["user","x"]"#,
+            r#""x""#,
+        ] {
+            assert_eq!(plain(other), None, "{other}");
+        }
+    }
 
     /// The entries a body's parse records are the ones a reading of the body alone finds: keys
     /// decoded (escaped or not), values' text as written, repeats and the message list included,

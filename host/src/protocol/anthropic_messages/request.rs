@@ -81,7 +81,16 @@ fn parse(
     if let Some(system) = system(&body)? {
         messages.push(system);
     }
-    lazy.each(|i, m| message(i, m, &mut messages))?;
+    lazy.each_plain(|i, entry| match entry {
+        json::Entry::Plain(m) => Ok(match plain_message(m) {
+            Some(m) => {
+                messages.push(m);
+                true
+            }
+            None => false,
+        }),
+        json::Entry::Tree(m) => message(i, m, &mut messages).map(|()| true),
+    })?;
     let mut r = Request::new(model, Dialect::AnthropicMessages, messages);
     r.max_output_tokens = Some(max_tokens);
     r.tools = tools(&body)?;
@@ -180,6 +189,24 @@ fn system(body: &Obj) -> Result<Option<Message>, ProtocolError> {
 
 /// Appends the IR messages of one Anthropic message: a user message's `tool_result` blocks become
 /// a `Tool` message ahead of the rest.
+/// What [`message`] makes of a message of role and string content: a user's or assistant's text.
+/// `None` for any other role, and for a `name`, which a tree's reading decides on.
+fn plain_message(m: json::PlainMessage<'_>) -> Option<Message> {
+    let role = match &*m.role {
+        "user" => Role::User,
+        "assistant" => Role::Assistant,
+        _ => return None,
+    };
+    if m.name.is_some() {
+        return None;
+    }
+    Some(Message {
+        role,
+        content: vec![Part::text(m.content)],
+        name: None,
+    })
+}
+
 fn message(i: usize, v: &Value, out: &mut Vec<Message>) -> Result<(), ProtocolError> {
     let (path, content_path) = json::message_paths(i);
     let m = Obj::at(v, &path)?;

@@ -1,5 +1,7 @@
 //! Chat Completions requests ↔ IR.
 
+use std::borrow::Cow;
+
 use serde_json::{Map, Value, json};
 
 use crate::protocol::ir::{
@@ -64,9 +66,16 @@ pub fn parse_request_fields(
         }
     };
     let mut messages = Vec::with_capacity(count);
-    lazy.each(|i, m| {
-        messages.push(message(i, m)?);
-        Ok(())
+    lazy.each_plain(|i, entry| {
+        let m = match entry {
+            json::Entry::Plain(m) => match plain_message(m) {
+                Some(m) => m,
+                None => return Ok(false),
+            },
+            json::Entry::Tree(m) => message(i, m)?,
+        };
+        messages.push(m);
+        Ok(true)
     })?;
     let mut r = Request::new(model, Dialect::OpenAiChat, messages);
     r.tools = tools(&body)?;
@@ -102,6 +111,23 @@ pub fn parse_request_fields(
     r.stream = body.bool("stream")?.unwrap_or(false);
     r.extra = json::extra(body.map, MODELED);
     Ok((r, lazy.take_fields()))
+}
+
+/// What [`message`] makes of a message of role, string content and name, for the roles whose
+/// message that is all of; `None` for a role it must read as a tree (`tool`, or one to refuse).
+fn plain_message(m: json::PlainMessage<'_>) -> Option<Message> {
+    let role = match &*m.role {
+        "system" => Role::System,
+        "developer" => Role::Developer,
+        "user" => Role::User,
+        "assistant" => Role::Assistant,
+        _ => return None,
+    };
+    Some(Message {
+        role,
+        content: vec![Part::text(m.content)],
+        name: m.name.map(Cow::into_owned),
+    })
 }
 
 fn message(i: usize, v: &Value) -> Result<Message, ProtocolError> {
@@ -550,6 +576,60 @@ fn response_format_value(f: &ResponseFormat) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A message read off its text is the message its tree makes, for every role taken that way;
+    /// the others are declined (and read as trees). The same holds for whole bodies.
+    #[test]
+    fn plain_messages_read_as_their_trees_do() {
+        let taken = [
+            r#"{"role":"system","content":"s"}"#,
+            r#"{"role":"developer","content":"d","name":"ops"}"#,
+            r#"{"content":"caf\u00e9 \"q\"","role":"user"}"#,
+            r#"{"role":"user","content":"","name":""}"#,
+            r#"{"role":"assistant","content":"a"}"#,
+        ];
+        for raw in taken {
+            let plain = json::PlainMessage::read(raw).expect(raw);
+            let tree: Value = serde_json::from_str(raw).unwrap();
+            assert_eq!(
+                plain_message(plain),
+                Some(message(0, &tree).unwrap()),
+                "{raw}"
+            );
+        }
+        for declined in [
+            r#"{"role":"tool","content":"r"}"#,
+            r#"{"role":"function","content":"f"}"#,
+            r#"{"role":" user","content":"x"}"#,
+            r#"{"role":"","content":"x"}"#,
+        ] {
+            let plain = json::PlainMessage::read(declined).expect(declined);
+            assert_eq!(plain_message(plain), None, "{declined}");
+        }
+        let body = format!(
+            r#"{{"model":"m","messages":[{},{{"role":"tool","content":"r","tool_call_id":"c"}}]}}"#,
+            taken.join(",")
+        );
+        let r = parse_request(body.as_bytes()).unwrap();
+        let list: Value = serde_json::from_str(&format!("[{}]", taken.join(","))).unwrap();
+        let trees: Vec<Message> = list
+            .as_array()
+            .unwrap()
+            .iter()
+            .enumerate()
+            .map(|(i, m)| message(i, m).unwrap())
+            .collect();
+        assert_eq!(r.messages[..taken.len()], trees[..]);
+        assert_eq!(r.messages[taken.len()].role, Role::Tool);
+        let refused = parse_request(
+            br#"{"model":"m","messages":[{"role":"user","content":"x"},{"role":"function","content":"f"}]}"#,
+        )
+        .unwrap_err();
+        assert!(
+            refused.to_string().starts_with("`messages[1].role`"),
+            "{refused}"
+        );
+    }
 
     fn body(r: &Request) -> Value {
         serde_json::from_slice(&build_request(r, "up")).unwrap()

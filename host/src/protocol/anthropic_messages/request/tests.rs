@@ -1,5 +1,41 @@
 use super::*;
 
+/// A user's or assistant's text message read off its text is the message its tree makes; other
+/// roles and a `name` are declined, and read as trees.
+#[test]
+fn plain_messages_read_as_their_trees_do() {
+    for raw in [
+        r#"{"role":"user","content":"caf\u00e9"}"#,
+        r#"{"content":"a","role":"assistant"}"#,
+    ] {
+        let plain = json::PlainMessage::read(raw).expect(raw);
+        let tree: Value = serde_json::from_str(raw).unwrap();
+        let mut out = Vec::new();
+        message(0, &tree, &mut out).unwrap();
+        assert_eq!(plain_message(plain).map(|m| vec![m]), Some(out), "{raw}");
+    }
+    for declined in [
+        r#"{"role":"system","content":"s"}"#,
+        r#"{"role":"user","content":"x","name":"n"}"#,
+    ] {
+        let plain = json::PlainMessage::read(declined).expect(declined);
+        assert_eq!(plain_message(plain), None, "{declined}");
+    }
+    let r = parse_request(
+        br#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x","name":"n"},{"role":"assistant","content":"y"}]}"#,
+    )
+    .unwrap();
+    assert_eq!(r.messages.len(), 2);
+    let refused = parse_request(
+        br#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"},{"role":"system","content":"s"}]}"#,
+    )
+    .unwrap_err();
+    assert!(
+        refused.to_string().contains("must be user or assistant"),
+        "{refused}"
+    );
+}
+
 fn build(r: &Request) -> Value {
     serde_json::from_slice(&build_request(r, "claude")).unwrap()
 }
