@@ -157,7 +157,7 @@ pub struct Lazy<'a> {
     /// The top-level object without the message list when that is an array; `Null` when the body
     /// is not an object.
     top: Value,
-    list: Option<Vec<&'a str>>,
+    list: Option<Vec<ListEntry<'a>>>,
     /// The top-level entries where they are in the body, when the scan's reader read it (not
     /// `serde_json`).
     fields: Option<BodyFields>,
@@ -173,8 +173,25 @@ impl<'a> Lazy<'a> {
         list_key: &'static str,
         limits: Limits,
     ) -> Result<Self, ProtocolError> {
+        Self::read(bytes, list_key, limits, false)
+    }
+
+    /// [`Lazy::parse`] of a body whose list is `messages`, for [`Lazy::each_plain`]: each entry
+    /// of the plain shape is read as a [`PlainMessage`] while the body's reading passes it, so
+    /// that its text is read once, not once to find its end and once more to read it. The price
+    /// is its places (three string slices) kept beside the entry until the IR is built.
+    pub fn parse_messages(bytes: &'a [u8], limits: Limits) -> Result<Self, ProtocolError> {
+        Self::read(bytes, "messages", limits, true)
+    }
+
+    fn read(
+        bytes: &'a [u8],
+        list_key: &'static str,
+        limits: Limits,
+        read_plain: bool,
+    ) -> Result<Self, ProtocolError> {
         let budget = Budget::new(limits);
-        if let Some((top, list, fields)) = read_body_fast(bytes, list_key, &budget) {
+        if let Some((top, list, fields)) = read_body_fast(bytes, list_key, &budget, read_plain) {
             return Ok(Self {
                 top,
                 list,
@@ -196,7 +213,15 @@ impl<'a> Lazy<'a> {
         let (top, list) = read.map_err(|e| budget.error(e, list_key))?;
         Ok(Self {
             top,
-            list: list.map(|entries| entries.into_iter().map(RawValue::get).collect()),
+            list: list.map(|entries| {
+                entries
+                    .into_iter()
+                    .map(|raw| ListEntry {
+                        raw: raw.get(),
+                        plain: Recorded::Unread,
+                    })
+                    .collect()
+            }),
             fields: None,
             list_key,
             budget,
@@ -253,12 +278,19 @@ impl<'a> Lazy<'a> {
         let Some(list) = &self.list else {
             return Ok(());
         };
-        for (i, raw) in list.iter().copied().enumerate() {
-            if offer_plain
-                && let Some(plain) = PlainMessage::read(raw)
-                && f(i, Entry::Plain(plain))?
-            {
-                continue;
+        for (i, entry) in list.iter().enumerate() {
+            let raw = entry.raw;
+            if offer_plain {
+                let plain = match &entry.plain {
+                    Recorded::Plain(plain) => Some(plain.clone()),
+                    Recorded::Other => None,
+                    Recorded::Unread => PlainMessage::read(raw),
+                };
+                if let Some(plain) = plain
+                    && f(i, Entry::Plain(plain))?
+                {
+                    continue;
+                }
             }
             let seed = || ValueSeed {
                 budget: &self.budget,
@@ -285,6 +317,22 @@ impl<'a> Lazy<'a> {
     }
 }
 
+/// An entry of the message list: its text and, when the body's reading read it, whether it has
+/// the plain shape.
+struct ListEntry<'a> {
+    raw: &'a str,
+    plain: Recorded<'a>,
+}
+
+/// What the body's reading found an entry to be.
+enum Recorded<'a> {
+    Plain(PlainMessage<'a>),
+    /// Of another shape: read as a tree.
+    Other,
+    /// Not looked at (a body `serde_json` read, or a list read without [`Lazy::parse_messages`]).
+    Unread,
+}
+
 /// An entry of a request's message list, as [`Lazy::each_plain`] offers it.
 pub enum Entry<'v, 'a> {
     /// A message of the most common shape, read off the body's text.
@@ -296,7 +344,7 @@ pub enum Entry<'v, 'a> {
 /// A message that is an object of exactly a string `role`, a string `content` and, optionally, a
 /// string `name`, each once, in any order: the shape of nearly every turn of a conversation. Its
 /// strings are borrowed from the body when they hold no escapes.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlainMessage<'a> {
     pub role: Cow<'a, str>,
     pub content: Cow<'a, str>,
@@ -307,12 +355,19 @@ impl<'a> PlainMessage<'a> {
     /// `raw`, one entry's text as the body's reading judged it, when it has that shape; `None`
     /// for any other (another key, a repeated one, a value of another type, `null` included).
     pub(crate) fn read(raw: &'a str) -> Option<Self> {
+        let mut pull = scan::Pull::of_str(raw);
+        let plain = Self::pull(&mut pull)?;
+        pull.end(plain)
+    }
+
+    /// The plain message at `pull`'s next token, read past; `None` (with `pull` partway) for any
+    /// other value.
+    fn pull(pull: &mut scan::Pull<'a>) -> Option<Self> {
         const ROLE: u32 = 0;
         const CONTENT: u32 = 1;
         const NAME: u32 = 2;
         const OTHER: u32 = 3;
         let (mut role, mut content, mut name) = (None, None, None);
-        let mut pull = scan::Pull::of_str(raw);
         pull.fields(
             |key| match key {
                 "role" => Some(ROLE),
@@ -331,7 +386,7 @@ impl<'a> PlainMessage<'a> {
                 Some(())
             },
         )?;
-        pull.end(PlainMessage {
+        Some(PlainMessage {
             role: role?,
             content: content?,
             name,
@@ -347,7 +402,8 @@ fn read_body_fast<'a>(
     bytes: &'a [u8],
     list_key: &str,
     budget: &Budget,
-) -> Option<(Value, Option<Vec<&'a str>>, BodyFields)> {
+    read_plain: bool,
+) -> Option<(Value, Option<Vec<ListEntry<'a>>>, BodyFields)> {
     let mut pull = scan::Pull::new(bytes)?;
     let value = || ValueSeed {
         budget,
@@ -380,7 +436,7 @@ fn read_body_fast<'a>(
                 if entries.len() == budget.limits.max_messages {
                     return None;
                 }
-                entries.push(pull.raw()?);
+                entries.push(list_entry(&mut pull, read_plain)?);
             }
             pull.close(b']')?;
             top.remove(&*key);
@@ -394,6 +450,33 @@ fn read_body_fast<'a>(
     }
     pull.close(b'}')?;
     pull.end((Value::Object(top), list, BodyFields(fields)))
+}
+
+/// The message list's entry at `pull`'s next token, read past: as a [`PlainMessage`] when
+/// `read_plain` and it is one, else found whole (a plain message's reading that stops partway
+/// starts over, on a copy of where it began).
+fn list_entry<'a>(pull: &mut scan::Pull<'a>, read_plain: bool) -> Option<ListEntry<'a>> {
+    let start = pull.position();
+    let plain = if read_plain {
+        let mut ahead = pull.clone();
+        match PlainMessage::pull(&mut ahead) {
+            Some(plain) => {
+                *pull = ahead;
+                Recorded::Plain(plain)
+            }
+            None => {
+                pull.raw()?;
+                Recorded::Other
+            }
+        }
+    } else {
+        pull.raw()?;
+        Recorded::Unread
+    };
+    Some(ListEntry {
+        raw: pull.text(start..pull.offset())?,
+        plain,
+    })
 }
 
 /// A request body's top-level entries, in order and repeats included, as places in the body: what
@@ -949,6 +1032,38 @@ pub fn extra(body: &Map<String, Value>, modeled: &[&str]) -> Map<String, Value> 
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// The body's reading takes a plain entry whole as it passes it, and finds the same entry, the
+    /// same text, as the entry's own reading; an entry it starts to read as plain and is not (a
+    /// key found late, a nested value) is still found whole, and the list goes on after it.
+    #[test]
+    fn the_bodys_reading_takes_plain_messages_as_their_own_reading_does() {
+        let body = br#"{"model":"m","messages":[ {"role":"user","content":"a\"b"} ,
+            {"role":"assistant","content":"x","tool_calls":[{"id":"c","function":{"name":"f"}}]},
+            {"content":"y","role":"tool","tool_call_id":"c"}, {"role":"user","content":[{"type":"text","text":"t"}]},
+            {"name":"n","role":"user","content":"z"}, 7 ],"stream":false}"#;
+        let limits = Limits::DEFAULT;
+        let read = Lazy::parse_messages(body, limits).unwrap();
+        let unread = Lazy::parse(body, "messages", limits).unwrap();
+        let (Some(read), Some(unread)) = (&read.list, &unread.list) else {
+            panic!("a list");
+        };
+        assert_eq!(read.len(), 6);
+        let mut plain = 0;
+        for (entry, other) in read.iter().zip(unread) {
+            assert_eq!(entry.raw, other.raw);
+            assert!(matches!(other.plain, Recorded::Unread));
+            match (&entry.plain, PlainMessage::read(entry.raw)) {
+                (Recorded::Plain(recorded), Some(own)) => {
+                    assert_eq!(*recorded, own);
+                    plain += 1;
+                }
+                (Recorded::Other, None) => {}
+                _ => panic!("{} read differently", entry.raw),
+            }
+        }
+        assert_eq!(plain, 2);
+    }
 
     /// A message of role, string content and string name, and only those, each once, is read off
     /// its text (escapes decoded); any other shape is left to the tree.

@@ -60,7 +60,7 @@ fn parse(
     limits: Limits,
     needs_max_tokens: bool,
 ) -> Result<(Request, Option<json::BodyFields>), ProtocolError> {
-    let mut lazy = json::Lazy::parse(bytes, "messages", limits)?;
+    let mut lazy = json::Lazy::parse_messages(bytes, limits)?;
     let body = lazy.body()?;
     let model = body.req_str("model")?;
     let max_tokens = match body.u32("max_tokens")? {

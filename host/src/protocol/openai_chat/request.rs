@@ -53,7 +53,7 @@ pub fn parse_request_fields(
     bytes: &[u8],
     limits: Limits,
 ) -> Result<(Request, Option<json::BodyFields>), ProtocolError> {
-    let mut lazy = json::Lazy::parse(bytes, "messages", limits)?;
+    let mut lazy = json::Lazy::parse_messages(bytes, limits)?;
     let body = lazy.body()?;
     let model = body.req_str("model")?;
     let count = match lazy.list_len() {

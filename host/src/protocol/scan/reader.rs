@@ -160,6 +160,7 @@ pub(crate) fn object_entries(bytes: &[u8]) -> Option<Vec<(Cow<'_, str>, &str)>> 
 /// top-level object itself to keep the message list as slices of the text. Every call reads as
 /// [`from_slice`] would (the same grammar, depth and verdicts), and `None` means it gave up: the
 /// caller then reads the body with `serde_json`, whose error stands.
+#[derive(Clone)]
 pub(crate) struct Pull<'de> {
     reader: Reader<'de>,
 }
@@ -208,6 +209,11 @@ impl<'de> Pull<'de> {
     pub(crate) fn position(&mut self) -> usize {
         self.reader.skip_whitespace();
         self.reader.pos
+    }
+
+    /// The text at `range` of what is read (`None` off its end or off a character's boundary).
+    pub(crate) fn text(&self, range: std::ops::Range<usize>) -> Option<&'de str> {
+        self.reader.text.get(range)
     }
 
     /// Where reading stopped: just past the last token read.
@@ -285,6 +291,7 @@ impl<'de> Pull<'de> {
     }
 }
 
+#[derive(Clone)]
 struct Reader<'de> {
     text: &'de str,
     pos: usize,
