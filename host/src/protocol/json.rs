@@ -152,7 +152,8 @@ impl Budget {
 
 /// A request body read without building one tree of it: the top-level fields as values, except
 /// the message list, whose entries stay slices of the body until [`Lazy::each`] parses them one
-/// at a time. Peak memory is then the body, the IR being built, and one message's tree.
+/// at a time (or [`Lazy::each_plain`] hands over the plain ones without a tree). Peak memory is
+/// then the body, the IR being built, and one message's tree.
 pub struct Lazy<'a> {
     /// The top-level object without the message list when that is an array; `Null` when the body
     /// is not an object.
@@ -179,7 +180,8 @@ impl<'a> Lazy<'a> {
     /// [`Lazy::parse`] of a body whose list is `messages`, for [`Lazy::each_plain`]: each entry
     /// of the plain shape is read as a [`PlainMessage`] while the body's reading passes it, so
     /// that its text is read once, not once to find its end and once more to read it. The price
-    /// is its places (three string slices) kept beside the entry until the IR is built.
+    /// is its three strings (borrowed from the body unless they hold escapes) kept beside the
+    /// entry until the IR is built, less than the tree per message they spare.
     pub fn parse_messages(bytes: &'a [u8], limits: Limits) -> Result<Self, ProtocolError> {
         Self::read(bytes, "messages", limits, true)
     }
