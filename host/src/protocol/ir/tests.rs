@@ -82,3 +82,24 @@ fn effort_and_budget_map_back_and_forth() {
     };
     assert_eq!(r.effective_effort(), Some(Effort::Medium));
 }
+
+/// Characters, not bytes: an ASCII text is counted by its length, any other character by character.
+#[test]
+fn the_estimate_counts_characters_whatever_their_bytes() {
+    for (text, chars) in [
+        ("", 0),
+        ("abcdefgh", 8),
+        ("café crème", 10),
+        ("日本語のテキスト", 8),
+        ("🙂🙂🙂🙂", 4),
+    ] {
+        assert_eq!(char_count(text), chars, "{text}");
+        assert_eq!(char_count(text), text.chars().count(), "{text}");
+    }
+    let r = Request::new(
+        "m",
+        Dialect::OpenAiChat,
+        vec![Message::text(Role::User, "日本語のテキスト")],
+    );
+    assert_eq!(r.prompt_token_estimate(), 2);
+}
