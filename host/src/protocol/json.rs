@@ -181,7 +181,8 @@ impl<'a> Lazy<'a> {
     /// of the plain shape is read as a [`PlainMessage`] while the body's reading passes it, so
     /// that its text is read once, not once to find its end and once more to read it. The price
     /// is its three strings (borrowed from the body unless they hold escapes) kept beside the
-    /// entry until the IR is built, less than the tree per message they spare.
+    /// entry until [`Lazy::each_plain`] moves them into the IR, less than the tree per message
+    /// they spare.
     pub fn parse_messages(bytes: &'a [u8], limits: Limits) -> Result<Self, ProtocolError> {
         Self::read(bytes, "messages", limits, true)
     }
@@ -220,7 +221,7 @@ impl<'a> Lazy<'a> {
                     .into_iter()
                     .map(|raw| ListEntry {
                         raw: raw.get(),
-                        plain: Recorded::Unread,
+                        plain: Cell::new(Recorded::Unread),
                     })
                     .collect()
             }),
@@ -283,8 +284,10 @@ impl<'a> Lazy<'a> {
         for (i, entry) in list.iter().enumerate() {
             let raw = entry.raw;
             if offer_plain {
-                let plain = match &entry.plain {
-                    Recorded::Plain(plain) => Some(plain.clone()),
+                // Moved out, not cloned: a text with escapes was decoded into a string of its own,
+                // which goes to the IR as it is.
+                let plain = match entry.plain.replace(Recorded::Other) {
+                    Recorded::Plain(plain) => Some(plain),
                     Recorded::Other => None,
                     Recorded::Unread => PlainMessage::read(raw),
                 };
@@ -320,10 +323,10 @@ impl<'a> Lazy<'a> {
 }
 
 /// An entry of the message list: its text and, when the body's reading read it, whether it has
-/// the plain shape.
+/// the plain shape (in a cell: [`Lazy::each_plain`] moves a plain message out of a shared `Lazy`).
 struct ListEntry<'a> {
     raw: &'a str,
-    plain: Recorded<'a>,
+    plain: Cell<Recorded<'a>>,
 }
 
 /// What the body's reading found an entry to be.
@@ -346,7 +349,7 @@ pub enum Entry<'v, 'a> {
 /// A message that is an object of exactly a string `role`, a string `content` and, optionally, a
 /// string `name`, each once, in any order: the shape of nearly every turn of a conversation. Its
 /// strings are borrowed from the body when they hold no escapes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 pub struct PlainMessage<'a> {
     pub role: Cow<'a, str>,
     pub content: Cow<'a, str>,
@@ -477,7 +480,7 @@ fn list_entry<'a>(pull: &mut scan::Pull<'a>, read_plain: bool) -> Option<ListEnt
     };
     Some(ListEntry {
         raw: pull.text(start..pull.offset())?,
-        plain,
+        plain: Cell::new(plain),
     })
 }
 
@@ -1054,10 +1057,16 @@ mod tests {
         let mut plain = 0;
         for (entry, other) in read.iter().zip(unread) {
             assert_eq!(entry.raw, other.raw);
-            assert!(matches!(other.plain, Recorded::Unread));
-            match (&entry.plain, PlainMessage::read(entry.raw)) {
+            assert!(matches!(
+                other.plain.replace(Recorded::Other),
+                Recorded::Unread
+            ));
+            match (
+                entry.plain.replace(Recorded::Other),
+                PlainMessage::read(entry.raw),
+            ) {
                 (Recorded::Plain(recorded), Some(own)) => {
-                    assert_eq!(*recorded, own);
+                    assert_eq!(recorded, own);
                     plain += 1;
                 }
                 (Recorded::Other, None) => {}

@@ -187,8 +187,6 @@ fn system(body: &Obj) -> Result<Option<Message>, ProtocolError> {
     }))
 }
 
-/// Appends the IR messages of one Anthropic message: a user message's `tool_result` blocks become
-/// a `Tool` message ahead of the rest.
 /// What [`message`] makes of a message of role and string content: a user's or assistant's text.
 /// `None` for any other role, and for a `name`, which a tree's reading decides on.
 fn plain_message(m: json::PlainMessage<'_>) -> Option<Message> {
@@ -207,6 +205,8 @@ fn plain_message(m: json::PlainMessage<'_>) -> Option<Message> {
     })
 }
 
+/// Appends the IR messages of one Anthropic message: a user message's `tool_result` blocks become
+/// a `Tool` message ahead of the rest.
 fn message(i: usize, v: &Value, out: &mut Vec<Message>) -> Result<(), ProtocolError> {
     let (path, content_path) = json::message_paths(i);
     let m = Obj::at(v, &path)?;
