@@ -263,6 +263,13 @@ impl Gateway {
         *self.strategies_loading.borrow()
     }
 
+    /// Watches strategy loading across a read of several parts of the gateway: a view that reads
+    /// the catalog and then the table can meet a reload between the two (the new catalog beside
+    /// the old routers), so it reports loading when any load ran while it read.
+    pub fn loading_window(&self) -> LoadingWindow {
+        LoadingWindow::open(self.strategies_loading.subscribe())
+    }
+
     /// The last reload's report (the first pass over `strategies.dir` included).
     pub fn last_reload(&self) -> Option<ReloadReport> {
         self.last_reload.lock().clone()
@@ -759,5 +766,58 @@ impl Gateway {
                 }
             }
         });
+    }
+}
+
+/// What [`Gateway::loading_window`] returns: open it before reading, close it after.
+pub struct LoadingWindow {
+    watch: tokio::sync::watch::Receiver<bool>,
+    at_start: bool,
+}
+
+impl LoadingWindow {
+    fn open(mut watch: tokio::sync::watch::Receiver<bool>) -> LoadingWindow {
+        let at_start = *watch.borrow_and_update();
+        LoadingWindow { watch, at_start }
+    }
+
+    /// Whether strategies were loading at any moment since the window opened: loading then, a
+    /// load started or ended since (every change of the flag is a new value of the watch), or
+    /// loading now.
+    pub fn loaded_while_open(&self) -> bool {
+        self.at_start || self.watch.has_changed().unwrap_or(true) || *self.watch.borrow()
+    }
+}
+
+#[cfg(test)]
+mod loading_window_tests {
+    use super::LoadingWindow;
+
+    #[test]
+    fn a_load_that_began_or_ended_while_the_window_was_open_reads_as_loading() {
+        let flag = tokio::sync::watch::Sender::new(false);
+        let quiet = LoadingWindow::open(flag.subscribe());
+        assert!(!quiet.loaded_while_open(), "nothing loaded");
+
+        let whole_load = LoadingWindow::open(flag.subscribe());
+        flag.send_replace(true);
+        flag.send_replace(false);
+        assert!(
+            whole_load.loaded_while_open(),
+            "a load began and ended inside"
+        );
+
+        flag.send_replace(true);
+        let during = LoadingWindow::open(flag.subscribe());
+        flag.send_replace(false);
+        assert!(
+            during.loaded_while_open(),
+            "opened during a load that has ended"
+        );
+
+        let after = LoadingWindow::open(flag.subscribe());
+        assert!(!after.loaded_while_open(), "opened after the load ended");
+        flag.send_replace(true);
+        assert!(after.loaded_while_open(), "a load is running now");
     }
 }

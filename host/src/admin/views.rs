@@ -157,6 +157,9 @@ pub async fn health_deep(
     if !gateway.config.routing.public_health_deep {
         authorize(&gateway, &headers).await?;
     }
+    // Opened before the catalog and the table are read: a reload between the two reads shows
+    // the new catalog beside the old routers, and must then read as loading.
+    let loading = gateway.loading_window();
     let catalog = gateway.catalog();
     let strategies: Vec<_> = catalog
         .entries()
@@ -235,7 +238,7 @@ pub async fn health_deep(
         },
         "endpoints": endpoints,
         "strategies": strategies,
-        "strategies_loading": gateway.strategies_loading(),
+        "strategies_loading": loading.loaded_while_open(),
         "strategy_files_failed": failed_files,
         "pending_models": pending,
         // What the last pass over `strategies.dir` did (start-up, the watcher or the endpoint).
