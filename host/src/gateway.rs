@@ -781,11 +781,11 @@ impl LoadingWindow {
         LoadingWindow { watch, at_start }
     }
 
-    /// Whether strategies were loading at any moment since the window opened: loading then, a
-    /// load started or ended since (every change of the flag is a new value of the watch), or
-    /// loading now.
+    /// Whether strategies were loading at any moment since the window opened: loading then, or a
+    /// load started or ended since (every change of the flag is a new value of the watch; with
+    /// none, the flag is still what it was at the start).
     pub fn loaded_while_open(&self) -> bool {
-        self.at_start || self.watch.has_changed().unwrap_or(true) || *self.watch.borrow()
+        self.at_start || self.watch.has_changed().unwrap_or(true)
     }
 }
 
