@@ -52,7 +52,8 @@ const STRING_STOP: [bool; 256] = {
 /// A run still going after four words is a long one (a message's text, not a key or an id): from
 /// there it goes 32 bytes at a time, each block tested whole without stopping early, which the
 /// compiler turns into vector compares (SSE2 on every x86-64), about 0.8 instructions a byte
-/// (callgrind, a 32 KiB conversation) against the words' ~3. Blocks from the first byte cost every short string a block's test.
+/// (callgrind, a 32 KiB conversation) against the words' ~3. Blocks from the first byte cost
+/// every short string a block's test.
 pub(crate) fn plain_run(bytes: &[u8], mut pos: usize) -> usize {
     const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
     const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
