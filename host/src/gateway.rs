@@ -187,7 +187,9 @@ impl Gateway {
         store: Option<Store>,
     ) -> Result<Gateway, BuildError> {
         let upstreams = UpstreamClient::new(&config.upstream)?;
-        let api_log = store.clone().map(ApiLog::start);
+        let api_log = store
+            .clone()
+            .map(|store| ApiLog::start(store, config.request_log_retention_days));
         let snapshot = Arc::new(Snapshot::empty());
         let inbound_routes = RouteSet::build(&config, &snapshot);
         let extension: Arc<dyn extension::Extension> =

@@ -3,7 +3,8 @@
 //! any upstream is contacted (counted at the mock), the request log says which budget refused,
 //! and a restarted gateway on the same database still refuses (the spend is read back from the
 //! request log). A soft budget keeps serving; two replicas of a fleet spend one budget through
-//! Redis. The admin API's 422/404/409 rules.
+//! Redis; a `never` budget keeps its spend once retention has pruned its rows. The admin API's
+//! 422/404/409 rules.
 
 use std::time::Duration;
 
@@ -86,18 +87,26 @@ async fn rate_limited_by(db_file: &std::path::Path, rows: usize) -> Vec<(i64, Op
     found
 }
 
+/// Consumer `alice` with a hard budget of `limit_usd` a `period`: (her id, her key, the budget as
+/// created).
+async fn alice_budgeted(gw: &Gateway, period: &str, limit_usd: f64) -> (String, String, Value) {
+    let admin = Admin::of(gw);
+    let (alice, _, key) = admin.consumer("alice", &[], &[]).await;
+    let budget = admin
+        .post(
+            "/admin/budgets",
+            json!({"scope": "consumer", "subject": alice, "period": period, "limit_usd": limit_usd}),
+        )
+        .await;
+    (alice, key, budget)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spent_hard_budget_answers_402_in_each_dialect_and_survives_a_restart() {
     let mock = priced_mock().await;
     let mut gw = Gateway::start_on(None, &config(&mock), ENV);
     let admin = Admin::of(&gw);
-    let (alice, _, key) = admin.consumer("alice", &[], &[]).await;
-    let budget = admin
-        .post(
-            "/admin/budgets",
-            json!({"scope": "consumer", "subject": alice, "period": "day", "limit_usd": 2.5}),
-        )
-        .await;
+    let (alice, key, budget) = alice_budgeted(&gw, "day", 2.5).await;
     let id = budget["id"].as_str().unwrap().to_owned();
     assert_eq!(budget["mode"], "hard", "{budget}");
     assert_eq!(budget["spent_usd"], 0.0, "{budget}");
@@ -455,4 +464,107 @@ async fn replicas_of_a_fleet_spend_one_budget() {
         .call(reqwest::Method::GET, &format!("/admin/budgets/{id}"), None)
         .await;
     assert_eq!(view["spent_usd"], 3.0, "{view}");
+}
+
+/// Request-log retention, on the real binary: rows past `REQUEST_LOG_RETENTION_DAYS` are deleted
+/// (`/health/deep` and the metrics count them) and their spend is rolled up per day, so a `never`
+/// budget read back by a restarted gateway, with none of its rows left, still counts them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_never_budget_keeps_its_spend_once_its_rows_are_pruned() {
+    const DAY_MS: i64 = 86_400_000;
+    let mock = priced_mock().await;
+    let mut gw = Gateway::start_on(None, &config(&mock), ENV);
+    let (_, key, budget) = alice_budgeted(&gw, "never", 3.5).await;
+    let id = budget["id"].as_str().unwrap().to_owned();
+    budgeted(&gw, &key).await;
+    for left in [2.5, 1.5] {
+        let (status, h, body) = send(&gw, "/v1/chat/completions", Some(key.as_str()), chat()).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(remaining(&h), left, "{h:?}");
+    }
+    let db_file = gw.dir.path().join("switchyard.db");
+    assert_eq!(rate_limited_by(&db_file, 2).await.len(), 2);
+    gw.terminate();
+    assert!(gw.wait_exit(Duration::from_secs(30)).is_some());
+
+    // The two requests (and a row of no consumer) become 40 days old.
+    let url = format!("sqlite://{}", db_file.display());
+    let db = sqlx::SqlitePool::connect(&url).await.unwrap();
+    sqlx::query("UPDATE api_logs SET created_at_ms = created_at_ms - $1")
+        .bind(40 * DAY_MS)
+        .execute(&db)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO api_logs (created_at_ms, model, status, latency_ms) \
+         SELECT MIN(created_at_ms), 'm', 200, 1.0 FROM api_logs",
+    )
+    .execute(&db)
+    .await
+    .unwrap();
+
+    // A gateway keeping 30 days prunes them.
+    let keeping_30_days = [ENV, &[("REQUEST_LOG_RETENTION_DAYS", "30")]].concat();
+    let mut pruning = Gateway::start_on(Some(&url), &config(&mock), &keeping_30_days);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let deep = loop {
+        let deep = pruning.deep(TOKEN).await;
+        if deep["database"]["request_log"]["retention"]["pruned_rows"] == 3 {
+            break deep;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the old rows are not pruned within 30 s: {deep}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let retention = &deep["database"]["request_log"]["retention"];
+    assert_eq!(retention["keep_days"], 30, "{deep}");
+    assert_eq!(retention["consecutive_failures"], 0, "{deep}");
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let cutoff = retention["cutoff_ms"].as_i64().unwrap();
+    assert!(
+        (now_ms - 30 * DAY_MS - cutoff).abs() < 60_000,
+        "30 days back: {deep}"
+    );
+    assert_eq!(deep["database"]["status"], "ok", "{deep}");
+    let metrics = pruning.metrics(TOKEN).await;
+    assert!(
+        metrics.contains("switchyard_request_log_rows_total{outcome=\"pruned\"} 3"),
+        "{metrics}"
+    );
+    let left: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM api_logs")
+        .fetch_one(&db)
+        .await
+        .unwrap();
+    assert_eq!(left, 0);
+    let days: Vec<(String, f64, i64)> =
+        sqlx::query_as("SELECT consumer, cost_usd, requests FROM api_log_spend_days")
+            .fetch_all(&db)
+            .await
+            .unwrap();
+    assert_eq!(
+        days,
+        [("alice".to_owned(), 2.0, 2)],
+        "the row of no consumer is not kept"
+    );
+    pruning.terminate();
+    assert!(pruning.wait_exit(Duration::from_secs(30)).is_some());
+
+    // Started again, the gateway reads the spend back from the roll-up alone.
+    let again = Gateway::start_on(Some(&url), &config(&mock), &keeping_30_days);
+    let view = Admin::of(&again)
+        .call(reqwest::Method::GET, &format!("/admin/budgets/{id}"), None)
+        .await;
+    assert_eq!(view["spent_usd"], 2.0, "{view}");
+    let (status, h, body) = send(&again, "/v1/chat/completions", Some(key.as_str()), chat()).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(remaining(&h), 0.5, "{h:?}");
+    let (status, _, body) = send(&again, "/v1/chat/completions", Some(key.as_str()), chat()).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, _, body) = send(&again, "/v1/chat/completions", Some(key.as_str()), chat()).await;
+    assert_eq!(status, 402, "{body}");
 }

@@ -185,12 +185,15 @@ fn default_listen() -> String {
 pub struct RawDatabase {
     #[serde(default = "default_database_url")]
     pub url: String,
+    /// Days of request-log rows kept (`REQUEST_LOG_RETENTION_DAYS`); 0 keeps every row.
+    pub request_log_retention_days: Option<u32>,
 }
 
 impl Default for RawDatabase {
     fn default() -> Self {
         Self {
             url: default_database_url(),
+            request_log_retention_days: None,
         }
     }
 }

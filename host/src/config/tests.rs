@@ -61,6 +61,28 @@ fn health_knobs_come_from_env_then_file_then_defaults() {
 }
 
 #[test]
+fn request_log_retention_comes_from_env_then_file_then_thirty_days() {
+    let days = |text: &str, env: &dyn Fn(&str) -> Option<String>| {
+        Config::from_yaml(Path::new("t.yaml"), text, env)
+            .map(|c| c.request_log_retention_days.map(std::num::NonZeroU32::get))
+    };
+    let none = |_: &str| None;
+    assert_eq!(days("", &none).unwrap(), Some(30));
+    let file = "database:\n  request_log_retention_days: 7\n";
+    assert_eq!(days(file, &none).unwrap(), Some(7));
+    let keep_all = "database:\n  request_log_retention_days: 0\n";
+    assert_eq!(days(keep_all, &none).unwrap(), None, "0 keeps every row");
+    let env = |name: &str| (name == "REQUEST_LOG_RETENTION_DAYS").then(|| "90".to_owned());
+    assert_eq!(days(file, &env).unwrap(), Some(90), "environment wins");
+    let negative = "database:\n  request_log_retention_days: -1\n";
+    let err = days(negative, &none).unwrap_err().to_string();
+    assert!(
+        err.starts_with("t.yaml:2:") && err.contains("database.request_log_retention_days"),
+        "{err}"
+    );
+}
+
+#[test]
 fn defaults_fill_in() {
     let c = load(
         "models:\n  - id: m\n    route:\n      - kind: openai_compat\n        base_url: http://127.0.0.1:9001/v1/\n",

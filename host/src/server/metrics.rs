@@ -86,7 +86,7 @@ fn refresh(gateway: &Gateway) {
     gateway.budgets.refresh_metrics(&gateway.snapshot());
     if let Some(log) = &gateway.api_log {
         let (written, dropped, failed) = log.totals();
-        state::request_log(written, dropped, failed);
+        state::request_log(written, dropped, failed, log.pruned_rows());
     }
     if let Some(store) = &gateway.store {
         let sync = store.snapshots().status();

@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use super::health::{RequestLogHealth, SharedTaskHealth};
+use super::retention::Retention;
 use super::{Pool, Store};
 
 /// Rows waiting to be written before new ones are dropped.
@@ -75,11 +76,14 @@ pub struct ApiLog {
     closing: Arc<tokio::sync::Notify>,
     /// The writer task, awaited once at exit.
     task: Arc<parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>>,
+    /// What prunes the rows past `database.request_log_retention_days`.
+    retention: Retention,
 }
 
 impl ApiLog {
-    /// Starts the writer task for `store`.
-    pub fn start(store: Store) -> ApiLog {
+    /// Starts the writer task for `store`, and the retention task when `retention_days` is set.
+    pub fn start(store: Store, retention_days: Option<std::num::NonZeroU32>) -> ApiLog {
+        let retention = Retention::start(store.clone(), retention_days);
         let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
         let counts = Counts::default();
         let writes = SharedTaskHealth::default();
@@ -99,6 +103,7 @@ impl ApiLog {
             writes,
             closing,
             task: Arc::new(parking_lot::Mutex::new(Some(task))),
+            retention,
         }
     }
 
@@ -123,6 +128,7 @@ impl ApiLog {
             dropped_rows: self.dropped.load(Ordering::Relaxed),
             failed_rows: self.write_errors.load(Ordering::Relaxed),
             writes: self.writes.get(),
+            retention: self.retention.health(),
         }
     }
 
@@ -133,6 +139,11 @@ impl ApiLog {
             self.dropped.load(Ordering::Relaxed),
             self.write_errors.load(Ordering::Relaxed),
         )
+    }
+
+    /// Rows past the retention deleted since start.
+    pub fn pruned_rows(&self) -> u64 {
+        self.retention.pruned_rows()
     }
 
     /// Queues a row without waiting.

@@ -259,8 +259,10 @@ async fn created_at(store: &Store, id: i64) -> Result<Option<i64>, StoreError> {
 }
 
 /// What the consumers named `consumers` (the log's `consumer` column holds consumer names) spent
-/// from `since_ms` on: the sum of their rows' `cost_usd` (unpriced rows count 0). One walk down
-/// the `(consumer, created_at_ms)` index per consumer. Seeds the budgets' ledger at startup.
+/// from `since_ms` on: the sum of their rows' `cost_usd` (unpriced rows count 0), and of the days
+/// retention rolled up ([`super::retention`]) from `since_ms` on, exact when `since_ms` is a UTC
+/// midnight (every budget period's start is). One walk down the `(consumer, created_at_ms)` index
+/// per consumer, and one down the roll-up's key. Seeds the budgets' ledger at startup.
 pub async fn spent_since(
     store: &Store,
     consumers: &[String],
@@ -274,9 +276,12 @@ pub async fn spent_since(
         .collect::<Vec<_>>()
         .join(", ");
     // CAST: SQLite's SUM of an empty set is NULL, PostgreSQL's SUM of DOUBLE PRECISION a double.
+    // One statement, so a prune's transaction is wholly before or after it.
     let sql = format!(
-        "SELECT CAST(COALESCE(SUM(cost_usd), 0) AS DOUBLE PRECISION) FROM api_logs \
-         WHERE created_at_ms >= $1 AND consumer IN ({names})"
+        "SELECT CAST(COALESCE((SELECT SUM(cost_usd) FROM api_logs \
+         WHERE created_at_ms >= $1 AND consumer IN ({names})), 0) \
+         + COALESCE((SELECT SUM(cost_usd) FROM api_log_spend_days \
+         WHERE day_start_ms >= $1 AND consumer IN ({names})), 0) AS DOUBLE PRECISION)"
     );
     macro_rules! sum {
         ($db:ty, $pool:expr) => {{

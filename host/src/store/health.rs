@@ -75,6 +75,8 @@ pub struct RequestLogHealth {
     /// The batch writes (a batch is written only when requests were logged).
     #[serde(flatten)]
     pub writes: TaskHealth,
+    /// Rows past `database.request_log_retention_days`, pruned in the background.
+    pub retention: super::retention::RetentionHealth,
 }
 
 /// The SQLite file the process opened, checked against the path now.
@@ -153,6 +155,20 @@ impl DatabaseHealth {
                 "writing the request log failed {} time(s) in a row: {}",
                 log.writes.consecutive_failures,
                 log.writes.last_error.as_deref().unwrap_or("unknown error")
+            ));
+        }
+        if let Some(log) = &request_log
+            && log.retention.passes.failing()
+        {
+            problems.push(format!(
+                "pruning the request log failed {} time(s) in a row, so it grows past its \
+                 retention: {}",
+                log.retention.passes.consecutive_failures,
+                log.retention
+                    .passes
+                    .last_error
+                    .as_deref()
+                    .unwrap_or("unknown error")
             ));
         }
         DatabaseHealth {

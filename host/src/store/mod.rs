@@ -23,6 +23,7 @@ mod feed;
 pub mod health;
 mod inbound_routes;
 pub mod postgres;
+pub mod retention;
 pub mod snapshot;
 pub mod sqlite;
 mod table;

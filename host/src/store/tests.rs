@@ -948,7 +948,7 @@ async fn budgets_round_trip(db: &TestDb) {
 /// More rows than one transaction takes, in statements of every size: each row is written once
 /// with its values, in order.
 async fn the_writer_writes_every_row_of_several_transactions(db: &TestDb) {
-    let log = api_log::ApiLog::start(db.store.clone());
+    let log = api_log::ApiLog::start(db.store.clone(), None);
     let rows = 2 * 2048 + 300;
     for i in 0..rows {
         log.record(api_log::ApiLogRow {
@@ -983,8 +983,6 @@ async fn the_writer_writes_every_row_of_several_transactions(db: &TestDb) {
 }
 
 async fn spend_is_read_back_from_the_request_log(db: &TestDb) {
-    let insert = "INSERT INTO api_logs (created_at_ms, consumer, model, status, latency_ms, cost_usd) \
-                  VALUES ($1, $2, 'm', 200, 1.0, $3)";
     for (at, consumer, cost) in [
         (1_000_i64, "alice", Some(0.5)),
         (2_000, "alice", Some(0.25)),
@@ -992,26 +990,7 @@ async fn spend_is_read_back_from_the_request_log(db: &TestDb) {
         (3_000, "bob", Some(1.0)),
         (500, "alice", Some(100.0)),
     ] {
-        match db.store.pool() {
-            Pool::Sqlite(p) => {
-                sqlx::query(insert)
-                    .bind(at)
-                    .bind(consumer)
-                    .bind(cost)
-                    .execute(p)
-                    .await
-                    .unwrap();
-            }
-            Pool::Postgres(p) => {
-                sqlx::query(insert)
-                    .bind(at)
-                    .bind(consumer)
-                    .bind(cost)
-                    .execute(p)
-                    .await
-                    .unwrap();
-            }
-        }
+        insert_log_row(db, at, Some(consumer), cost).await;
     }
     let spent = |names: &'static [&'static str], since: i64| {
         let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
@@ -1026,6 +1005,132 @@ async fn spend_is_read_back_from_the_request_log(db: &TestDb) {
     assert_eq!(spent(&["alice", "bob"], 1_000).await, 1.75);
     assert_eq!(spent(&["carol"], 0).await, 0.0);
     assert_eq!(spent(&[], 0).await, 0.0);
+}
+
+/// Adds a request-log row made at `at` for `consumer`, costing `cost`.
+async fn insert_log_row(db: &TestDb, at: i64, consumer: Option<&str>, cost: Option<f64>) {
+    let insert = "INSERT INTO api_logs (created_at_ms, consumer, model, status, latency_ms, cost_usd) \
+                  VALUES ($1, $2, 'm', 200, 1.0, $3)";
+    macro_rules! insert {
+        ($pool:expr) => {
+            sqlx::query(insert)
+                .bind(at)
+                .bind(consumer)
+                .bind(cost)
+                .execute($pool)
+                .await
+                .map(drop)
+        };
+    }
+    match db.store.pool() {
+        Pool::Sqlite(p) => insert!(p),
+        Pool::Postgres(p) => insert!(p),
+    }
+    .unwrap();
+}
+
+async fn scalar(db: &TestDb, sql: &str) -> i64 {
+    match db.store.pool() {
+        Pool::Sqlite(p) => sqlx::query_scalar(sql).fetch_one(p).await.unwrap(),
+        Pool::Postgres(p) => sqlx::query_scalar(sql).fetch_one(p).await.unwrap(),
+    }
+}
+
+/// Pruning moves rows' spend into per-day roll-ups: every budget period's spend (periods start at
+/// UTC midnights) reads the same after every batch, even one that splits a day, and after two
+/// passes racing each other to a cutoff inside a day.
+async fn pruning_the_request_log_keeps_every_budgets_spend(db: &TestDb) {
+    use crate::store::retention::{self, DAY_MS};
+    const HOUR: i64 = 3_600_000;
+    for day in 0..10_i64 {
+        for (k, consumer) in [(0, "alice"), (1, "bob")] {
+            for hour in [1_i64, 7, 23] {
+                let at = day * DAY_MS + hour * HOUR + k;
+                insert_log_row(db, at, Some(consumer), Some(0.125 * hour as f64)).await;
+            }
+        }
+        insert_log_row(db, day * DAY_MS + 5, None, Some(9.0)).await;
+        insert_log_row(db, day * DAY_MS + 6, Some("alice"), None).await;
+    }
+    let names: [&[&str]; 3] = [&["alice"], &["bob"], &["alice", "bob"]];
+    let spends = || async {
+        let mut all = Vec::new();
+        for consumers in names {
+            let consumers: Vec<String> = consumers.iter().map(|c| c.to_string()).collect();
+            for since in [0, 3 * DAY_MS, 6 * DAY_MS, 9 * DAY_MS] {
+                all.push(
+                    api_log_query::spent_since(&db.store, &consumers, since)
+                        .await
+                        .unwrap(),
+                );
+            }
+        }
+        all
+    };
+    let before = spends().await;
+    assert_eq!(before[0], 10.0 * 3.875, "alice since 0: {before:?}");
+
+    // Six days in batches of 5 rows: most batches end inside a day.
+    let cutoff = 6 * DAY_MS;
+    let mut pruned = 0;
+    loop {
+        let rows = retention::prune_batch(&db.store, cutoff, 5).await.unwrap();
+        pruned += rows;
+        assert_eq!(spends().await, before, "after {pruned} rows");
+        if rows < 5 {
+            break;
+        }
+    }
+    assert_eq!(pruned, 6 * 8);
+    let old = format!("SELECT COUNT(*) FROM api_logs WHERE created_at_ms < {cutoff}");
+    assert_eq!(scalar(db, &old).await, 0);
+    assert_eq!(scalar(db, "SELECT COUNT(*) FROM api_logs").await, 4 * 8);
+    let days: Vec<(String, i64, f64, i64)> = {
+        let sql = "SELECT consumer, day_start_ms, cost_usd, requests FROM api_log_spend_days \
+                   ORDER BY consumer, day_start_ms";
+        match db.store.pool() {
+            Pool::Sqlite(p) => sqlx::query_as(sql).fetch_all(p).await.unwrap(),
+            Pool::Postgres(p) => sqlx::query_as(sql).fetch_all(p).await.unwrap(),
+        }
+    };
+    let expected: Vec<(String, i64, f64, i64)> = ["alice", "bob"]
+        .into_iter()
+        .flat_map(|c| {
+            (0..6).map(move |d| {
+                (
+                    c.to_owned(),
+                    d * DAY_MS,
+                    3.875,
+                    if c == "alice" { 4 } else { 3 },
+                )
+            })
+        })
+        .collect();
+    assert_eq!(days, expected, "rows without a consumer are not rolled up");
+    assert_eq!(
+        retention::prune_batch(&db.store, cutoff, 5).await.unwrap(),
+        0,
+        "nothing is left before the cutoff"
+    );
+
+    // Two passes at once, to a cutoff at noon: each row goes once, and the day it splits
+    // still counts whole.
+    let (a, b) = (
+        std::sync::atomic::AtomicU64::new(0),
+        std::sync::atomic::AtomicU64::new(0),
+    );
+    let (first, second) = tokio::join!(
+        retention::pass(&db.store, 9 * DAY_MS + 12 * HOUR, &a),
+        retention::pass(&db.store, 9 * DAY_MS + 12 * HOUR, &b)
+    );
+    assert_eq!(first.unwrap() + second.unwrap(), 3 * 8 + 6);
+    assert_eq!(a.into_inner() + b.into_inner(), 3 * 8 + 6);
+    assert_eq!(
+        scalar(db, "SELECT COUNT(*) FROM api_logs").await,
+        2,
+        "the last day's 23:00 rows"
+    );
+    assert_eq!(spends().await, before);
 }
 
 macro_rules! suite {
@@ -1064,6 +1169,7 @@ suite!(
     a_failed_reload_keeps_the_last_snapshot,
     budgets_round_trip,
     spend_is_read_back_from_the_request_log,
+    pruning_the_request_log_keeps_every_budgets_spend,
     the_writer_writes_every_row_of_several_transactions,
 );
 

@@ -949,11 +949,12 @@ pub mod state {
     }
 
     /// The request log's running totals since start.
-    pub fn request_log(written: u64, dropped: u64, failed: u64) {
+    pub fn request_log(written: u64, dropped: u64, failed: u64, pruned: u64) {
         for (outcome, n) in [
             ("written", written),
             ("dropped", dropped),
             ("failed", failed),
+            ("pruned", pruned),
         ] {
             counter!(REQUEST_LOG_ROWS, "outcome" => outcome).absolute(n);
         }
