@@ -74,8 +74,16 @@ impl Retention {
             keep_days: keep_days.map(std::num::NonZeroU32::get),
             ..Retention::default()
         };
-        if let Some(days) = retention.keep_days {
-            tokio::spawn(run(store, days, retention.clone()));
+        match retention.keep_days {
+            // Said at start: an upgrade from a version that kept every row starts deleting.
+            Some(days) => {
+                tracing::info!(
+                    "api_logs: rows older than {days} days are pruned \
+                     (database.request_log_retention_days; 0 keeps every row)"
+                );
+                tokio::spawn(run(store, days, retention.clone()));
+            }
+            None => tracing::info!("api_logs: every row is kept (request_log_retention_days: 0)"),
         }
         retention
     }
