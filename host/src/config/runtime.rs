@@ -12,7 +12,7 @@ pub struct Config {
     pub source: PathBuf,
     pub server: ServerConfig,
     pub database_url: String,
-    /// Whole UTC days of request-log rows kept before the current one; `None` keeps every row.
+    /// Days (of 24 hours) of request-log rows kept; `None` keeps every row.
     pub request_log_retention_days: Option<std::num::NonZeroU32>,
     pub strategies: StrategiesConfig,
     pub routing: RoutingConfig,

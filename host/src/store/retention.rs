@@ -20,6 +20,7 @@ use utoipa::ToSchema;
 
 use super::health::{SharedTaskHealth, TaskHealth};
 use super::{Pool, Store, StoreError};
+use crate::entity::BudgetPeriod;
 
 /// A UTC day, in milliseconds.
 pub const DAY_MS: i64 = 86_400_000;
@@ -226,7 +227,8 @@ fn roll_up(gone: &[Gone]) -> BTreeMap<(&str, i64), (f64, i64)> {
         let Some(consumer) = consumer.as_deref() else {
             continue;
         };
-        let day = created_at_ms - created_at_ms.rem_euclid(DAY_MS);
+        // The budgets' own day, so a day period and its roll-up can never disagree on a row.
+        let (day, _) = BudgetPeriod::Day.bounds(*created_at_ms);
         let entry = days.entry((consumer, day)).or_insert((0.0, 0));
         entry.0 += cost_usd.unwrap_or(0.0);
         entry.1 += 1;
