@@ -3,7 +3,8 @@
 plain reverse proxy (proxy_pass with upstream keepalive), with the same load generator (wrk).
 
 Run: `python3 bench/run.py` (installs wrk and nginx from Debian packages when missing, builds the
-release binary and the strategies). `--quick` runs 3 s per point instead of 10 s and leaves the
+release binary and the strategies). `--pgo` measures the profile-guided build the container image
+ships instead (`cargo xtask build-pgo`, `<target>/pgo/switchyard`). `--quick` runs 3 s per point instead of 10 s and leaves the
 README alone; `--skip-build` uses the binary already built (from `$CARGO_TARGET_DIR`, else `target/`).
 
 Peer gateways get rows in the same tables, behind the same mock, with the same requests and load
@@ -66,6 +67,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 QUICK = "--quick" in sys.argv
 SKIP_BUILD = "--skip-build" in sys.argv
+# The gateway as the container image builds it: profile-guided (`cargo xtask build-pgo`).
+PGO = "--pgo" in sys.argv
 DURATION = 3 if QUICK else 10
 CONCURRENCY = [1, 32, 256]
 TTFB_REQUESTS = 200 if QUICK else 1000
@@ -212,6 +215,10 @@ def gateway_env(**extra):
 
 
 def build():
+    if PGO:
+        if not SKIP_BUILD:
+            sh("cargo", "xtask", "build-pgo", cwd=ROOT)
+        return target_dir() / "pgo" / "switchyard"
     if not SKIP_BUILD:
         sh("cargo", "xtask", "build-strategies", cwd=ROOT)
         sh("cargo", "build", "--release", "-p", "switchyard", cwd=ROOT)
@@ -1019,6 +1026,7 @@ def main():
     finally:
         stop_all(procs, groups, work, nginx_bin)
 
+    extra["build"] = "pgo" if PGO else "release"
     report = render(results, extra)
     print("\n" + report)
     out = ROOT / "bench" / "results"
@@ -1181,7 +1189,10 @@ def render(results, extra, measured=None, machine_name=None):
         f"answering {COMPLETION_TOKENS} tokens without delay ({extra['events_per_stream']['openai']} SSE events "
         f"per OpenAI stream, {extra['events_per_stream']['anthropic']} per Anthropic one); RUST_LOG=warn; "
         "the load generator, proxies and mock share the cores. nginx runs one worker process and the "
-        "gateway its default configuration (per-core runtimes on all of the machine's cores but one, at least one), except the rows "
+        "gateway its default configuration (per-core runtimes on all of the machine's cores but one, at least one), "
+        + ("built as the container image builds it (profile-guided, `cargo xtask build-pgo`), "
+           if extra.get("build") == "pgo" else "built with `cargo build --release`, ")
+        + "except the rows "
         "marked \"one thread\" (`SWITCHYARD_WORKER_THREADS=1`) and \"shared runtime\" (`--runtime shared`)."
         + peers_sentence(extra.get("peers")),
     ]

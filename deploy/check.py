@@ -495,7 +495,8 @@ def check_dockerfile(hadolint: Path, failures: list[str]) -> None:
         return
     builder, runtime = stages[0], stages[-1]
     build_steps = " ".join(rest for word, rest in builder["body"] if word == "RUN")
-    for needed in ["rustup target add wasm32-wasip2", "cargo xtask build-strategies", "cargo build --release --locked"]:
+    for needed in ["rustup target add wasm32-wasip2", "cargo xtask build-strategies", "cargo xtask build-pgo",
+                   "cargo build --release --locked"]:
         if needed not in build_steps:
             fail(f"the builder stage does not run `{needed}`")
     xtask = (ROOT / "xtask" / "src" / "main.rs").read_text()

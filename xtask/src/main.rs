@@ -19,6 +19,11 @@
 //! - `deploy-manifests`: re-renders `deploy/manifests/` from the Helm chart (`deploy/check.py --write`,
 //!   in a virtualenv with `deploy/requirements.txt` under the target directory; the `deploy` e2e tests
 //!   check that the committed files equal the render).
+//! - `build-pgo`: the gateway built with profile-guided optimisation, trained on the mock upstream
+//!   (see [`pgo`]); the binary is `<target>/pgo/switchyard`. `pgo-train BINARY` runs only the
+//!   training and the merge, for a binary instrumented another way.
+
+mod pgo;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -94,8 +99,13 @@ fn main() -> Result<()> {
         Some("demo") if args.len() == 1 => demo(),
         Some("ci") if args.len() == 1 => ci(),
         Some("deploy-manifests") if args.len() == 1 => deploy_manifests(),
+        Some("build-pgo") if args.len() == 1 => pgo::build_pgo(),
+        Some("pgo-train") if args.len() == 2 => pgo::pgo_train(Path::new(&args[1])),
         _ => {
-            eprintln!("usage: cargo xtask <build-strategies | demo | ci | deploy-manifests>");
+            eprintln!(
+                "usage: cargo xtask <build-strategies | demo | ci | deploy-manifests | build-pgo \
+                 | pgo-train BINARY>"
+            );
             std::process::exit(2);
         }
     }
@@ -140,6 +150,8 @@ fn ci() -> Result<()> {
     build_strategies()?;
     sdk_unit_tests()?;
     run_cargo(&["test", "--workspace", "--no-fail-fast"], "tests")?;
+    eprintln!("==> the profile-guided build's training, on the dev build");
+    pgo::check_training(&target_dir()?.join("debug").join("switchyard"))?;
     eprintln!("==> all checks passed");
     Ok(())
 }
@@ -486,6 +498,14 @@ fn fingerprint(files: &[PathBuf]) -> Result<String> {
         hasher.write(&std::fs::read(file).with_context(|| format!("reading {}", file.display()))?);
     }
     Ok(format!("{:016x}", hasher.finish()))
+}
+
+/// A stable fingerprint of bytes, as [`fingerprint`]'s.
+fn fingerprint_bytes(bytes: &[u8]) -> String {
+    use std::hash::{DefaultHasher, Hasher};
+    let mut hasher = DefaultHasher::new();
+    hasher.write(bytes);
+    format!("{:016x}", hasher.finish())
 }
 
 /// Every file under `dir`, sorted, skipping caches and installed dependencies.
