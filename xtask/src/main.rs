@@ -500,14 +500,6 @@ fn fingerprint(files: &[PathBuf]) -> Result<String> {
     Ok(format!("{:016x}", hasher.finish()))
 }
 
-/// A stable fingerprint of bytes, as [`fingerprint`]'s.
-fn fingerprint_bytes(bytes: &[u8]) -> String {
-    use std::hash::{DefaultHasher, Hasher};
-    let mut hasher = DefaultHasher::new();
-    hasher.write(bytes);
-    format!("{:016x}", hasher.finish())
-}
-
 /// Every file under `dir`, sorted, skipping caches and installed dependencies.
 fn files_under(dir: &Path) -> Result<Vec<PathBuf>> {
     let mut files = Vec::new();

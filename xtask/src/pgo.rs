@@ -53,7 +53,7 @@ pub(super) fn build_pgo() -> Result<()> {
         &format!("-Cprofile-generate={}", raw_dir(&pgo_dir).display()),
         "instrumented release build",
     )?;
-    let profile = train_profile(&instrumented)?;
+    let profile = train_profile(&instrumented, &target, &host)?;
     let optimised = release_build(
         &pgo_dir.join("optimised"),
         &host,
@@ -70,7 +70,7 @@ pub(super) fn build_pgo() -> Result<()> {
 /// `cargo xtask pgo-train <binary>`: steps 2 and the merge of [`build_pgo`] alone, for a binary
 /// instrumented some other way (`-Cprofile-generate=<target>/pgo/raw`).
 pub(super) fn pgo_train(instrumented: &Path) -> Result<()> {
-    let profile = train_profile(instrumented)?;
+    let profile = train_profile(instrumented, &target_dir()?, &host_triple()?)?;
     eprintln!("==> profile: {}", profile.display());
     Ok(())
 }
@@ -81,11 +81,10 @@ fn raw_dir(pgo_dir: &Path) -> PathBuf {
 }
 
 /// Trains `instrumented` and merges what it wrote into `<target>/pgo/merged-<hash>.profdata`.
-fn train_profile(instrumented: &Path) -> Result<PathBuf> {
+fn train_profile(instrumented: &Path, target: &Path, host: &str) -> Result<PathBuf> {
     super::build_strategies()?;
-    let target = target_dir()?;
     let pgo_dir = target.join("pgo");
-    let profdata_tool = llvm_profdata(&host_triple()?)?;
+    let profdata_tool = llvm_profdata(host)?;
     let raw_dir = raw_dir(&pgo_dir);
     if raw_dir.exists() {
         std::fs::remove_dir_all(&raw_dir)
@@ -93,7 +92,7 @@ fn train_profile(instrumented: &Path) -> Result<PathBuf> {
     }
     std::fs::create_dir_all(&raw_dir).with_context(|| format!("creating {}", raw_dir.display()))?;
 
-    train(instrumented, &target, &pgo_dir.join("training"), 1)?;
+    train(instrumented, target, &pgo_dir.join("training"), 1)?;
 
     let raw: Vec<PathBuf> = std::fs::read_dir(&raw_dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -116,10 +115,9 @@ fn train_profile(instrumented: &Path) -> Result<PathBuf> {
     )?;
     // The profile's contents go into the flag's path: cargo rebuilds when RUSTFLAGS change, not
     // when a file they name does, so a new profile must be a new path.
-    let bytes = std::fs::read(&merged)?;
     let keyed = pgo_dir.join(format!(
         "merged-{}.profdata",
-        super::fingerprint_bytes(&bytes)
+        super::fingerprint(std::slice::from_ref(&merged))?
     ));
     std::fs::rename(&merged, &keyed)?;
     Ok(keyed)
@@ -318,8 +316,8 @@ fn train(binary: &Path, target: &Path, work: &Path, share: usize) -> Result<()> 
         .spawn()
         .context("starting the gateway to train")?;
     let mut gateway = KillOnDrop(gateway);
-    wait_healthy(mock_port, &mut None)?;
-    wait_healthy(gateway_port, &mut Some(&mut gateway.0))
+    wait_healthy(mock_port, None)?;
+    wait_healthy(gateway_port, Some(&mut gateway.0))
         .with_context(|| format!("the gateway's log: {}", log_path.display()))?;
 
     let started = Instant::now();
@@ -366,7 +364,7 @@ fn free_port() -> Result<u16> {
         .port())
 }
 
-fn wait_healthy(port: u16, process: &mut Option<&mut Child>) -> Result<()> {
+fn wait_healthy(port: u16, mut process: Option<&mut Child>) -> Result<()> {
     let deadline = Instant::now() + START_DEADLINE;
     loop {
         if let Ok(mut connection) = Connection::open(port)
